@@ -1,0 +1,76 @@
+"""hypergrid: named N-dimensional grids of ranks and their process groups.
+
+The public surface:
+
+- :class:`GridLayout` — the pure layout core (numpy/einops, no torch).
+- :class:`HyperCommGrid` — Megatron-Core's API over torch.distributed, with
+  groups created lazily, keyed by canonical order.
+- :func:`spawn` — a local multi-process launcher with a hard timeout.
+- the exceptions in :mod:`hypergrid.errors`.
+
+Example:
+    >>> import hypergrid
+    >>> grid = hypergrid.HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"])
+    >>> grid.get_rank_enum("cp-dp")
+    [[0, 2, 4, 6], [1, 3, 5, 7]]
+"""
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from hypergrid.errors import (
+    BackendError,
+    DimsError,
+    GridSpecError,
+    GroupExistsError,
+    GroupNotFoundError,
+    HyperGridError,
+    InvalidArgumentError,
+    NotInitializedError,
+    RankError,
+    UnexpectedArgumentError,
+    WorkerError,
+    WorldSizeError,
+)
+from hypergrid.layout import GridLayout
+
+if TYPE_CHECKING:
+    from hypergrid.grid import HyperCommGrid
+    from hypergrid.launch import init_from_env, spawn
+
+# The torch binding is imported on first use, so that the pure layout core
+# (``import hypergrid.layout``) works where torch is not installed.
+_LAZY = {
+    "HyperCommGrid": "hypergrid.grid",
+    "spawn": "hypergrid.launch",
+    "init_from_env": "hypergrid.launch",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hypergrid' has no attribute {name!r}")
+
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "DimsError",
+    "GridLayout",
+    "GridSpecError",
+    "GroupExistsError",
+    "GroupNotFoundError",
+    "HyperCommGrid",
+    "HyperGridError",
+    "InvalidArgumentError",
+    "NotInitializedError",
+    "RankError",
+    "UnexpectedArgumentError",
+    "WorkerError",
+    "WorldSizeError",
+    "__version__",
+    "init_from_env",
+    "spawn",
+]

@@ -1,0 +1,27 @@
+"""Command line: ``python -m hypergrid demo [...]``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+_COMMANDS = {"demo": "run the main job: a local gloo grid, every family all-reduced and checked"}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch to a sub-command; print the list of commands on ``-h`` or a bad one."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help") or args[0] not in _COMMANDS:
+        listing = "\n".join(f"  {name:<6} {text}" for name, text in _COMMANDS.items())
+        print(f"usage: python -m hypergrid COMMAND [options]\n\ncommands:\n{listing}")
+        if args and args[0] not in ("-h", "--help"):
+            print(f"\nerror: unknown command {args[0]!r}; choose from {sorted(_COMMANDS)}", file=sys.stderr)
+            return 2
+        return 0 if args else 2
+    from hypergrid import demo
+
+    return demo.main(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The exceptions hypergrid raises.
+
+Every error hypergrid raises on bad input is a :class:`HyperGridError`, and also
+the builtin exception a caller would expect (``ValueError`` for a bad value,
+``TypeError`` for a bad type, ``KeyError`` for a missing or duplicate group), so
+``except ValueError`` keeps working in code written for other libraries.
+Messages name the bad value and what was expected.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "DimsError",
+    "GridSpecError",
+    "GroupExistsError",
+    "GroupNotFoundError",
+    "HyperGridError",
+    "InvalidArgumentError",
+    "NotInitializedError",
+    "RankError",
+    "UnexpectedArgumentError",
+    "WorkerError",
+    "WorldSizeError",
+]
+
+
+class HyperGridError(Exception):
+    """Base class of every exception hypergrid raises on purpose."""
+
+
+class GridSpecError(HyperGridError, ValueError):
+    """The grid description (shape, dim_names, rank_offset) is invalid."""
+
+
+class DimsError(HyperGridError, ValueError):
+    """A dims request names an unknown dim, repeats one, or is empty."""
+
+
+class RankError(HyperGridError, ValueError):
+    """A rank or coordinate is outside the grid, or not an integer."""
+
+
+class GroupExistsError(HyperGridError, KeyError):
+    """A process group for this combination of dims was already created."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class GroupNotFoundError(HyperGridError, KeyError):
+    """No process group was created for this combination of dims."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class WorldSizeError(HyperGridError, ValueError):
+    """The grid does not fit in the world (``rank_offset + size > world``)."""
+
+
+class BackendError(HyperGridError, ValueError):
+    """A backend argument is invalid or conflicts with the grid's backend."""
+
+
+class InvalidArgumentError(HyperGridError, ValueError):
+    """An argument outside the grid description has a bad value (a count, a timeout)."""
+
+
+class UnexpectedArgumentError(HyperGridError, TypeError):
+    """A keyword argument is not one the call accepts."""
+
+
+class NotInitializedError(HyperGridError, RuntimeError):
+    """A call needs ``torch.distributed`` to be initialized and it is not."""
+
+
+class WorkerError(HyperGridError, RuntimeError):
+    """A process started by :func:`hypergrid.launch.spawn` failed or timed out.
+
+    Attributes:
+        rank: the rank that failed first (``None`` when several timed out).
+        remote_traceback: the formatted traceback from that rank, if any.
+    """
+
+    def __init__(self, message: str, rank: int | None = None, remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.remote_traceback = remote_traceback

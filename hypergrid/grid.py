@@ -1,0 +1,301 @@
+"""``HyperCommGrid``: the torch.distributed binding over :class:`~hypergrid.layout.GridLayout`.
+
+The API follows Megatron-Core's ``HyperCommGrid``: a grid is planned offline
+(no process group needed), and the process groups of a combination of dims are
+created only when :meth:`HyperCommGrid.create_pg` is called, collectively over
+the default group, through ``torch.distributed.new_subgroups_by_enumeration``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch.distributed as dist
+
+from hypergrid.errors import (
+    BackendError,
+    GroupExistsError,
+    GroupNotFoundError,
+    NotInitializedError,
+    UnexpectedArgumentError,
+    WorldSizeError,
+)
+from hypergrid.layout import Dims, GridLayout
+
+__all__ = ["HyperCommGrid", "world_size_hint"]
+
+# Keyword arguments create_pg hands on to torch.distributed.new_subgroups_by_enumeration.
+_PASS_THROUGH = ("timeout", "pg_options", "group_desc")
+
+
+def world_size_hint() -> int | None:
+    """The world size, if known: from torch.distributed, else from ``WORLD_SIZE``.
+
+    Returns ``None`` when neither is available (a grid planned offline).
+
+    Raises:
+        WorldSizeError: ``WORLD_SIZE`` is set but is not a positive int.
+
+    Example:
+        >>> import os
+        >>> os.environ["WORLD_SIZE"] = "16"
+        >>> world_size_hint()
+        16
+        >>> del os.environ["WORLD_SIZE"]
+    """
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    value = os.environ.get("WORLD_SIZE")
+    if value is None:
+        return None
+    try:
+        world = int(value)
+    except ValueError:
+        world = 0
+    if world < 1:
+        raise WorldSizeError(f"environment variable WORLD_SIZE={value!r} is not a positive int")
+    return world
+
+
+def _normalize_backend(backend: object, what: str) -> str | None:
+    if backend is None:
+        return None
+    if not isinstance(backend, str) or not backend:
+        raise BackendError(f"{what} must be None or a backend name such as 'nccl' or 'gloo', got {backend!r}")
+    return backend.lower()
+
+
+class HyperCommGrid:
+    """An N-dimensional grid of ranks with named dims and lazily created process groups.
+
+    ``dim_names[0]`` is the innermost dim (consecutive ranks), as in
+    Megatron-Core's ``HyperCommGrid`` and its ``order`` strings: the grid
+    ``HyperCommGrid([2, 3, 4, 5], ["tp", "cp", "pp", "dp"])`` lays out ranks as
+    ``initialize_model_parallel(tp=2, cp=3, pp=4, order="tp-cp-pp-dp")`` does at
+    world size 120.
+
+    Constructing a grid creates no process group and needs no initialized
+    ``torch.distributed``. When the world size is known (initialized, or
+    ``WORLD_SIZE`` set), a grid that does not fit in it is refused.
+
+    Args:
+        shape: size of each dim, innermost first.
+        dim_names: one identifier per dim.
+        rank_offset: first rank of the grid when it does not span the world.
+        backend: backend for the groups this grid creates; ``None`` uses the
+            default group's.
+
+    Raises:
+        GridSpecError: invalid shape, names or offset.
+        WorldSizeError: ``rank_offset + size`` exceeds the known world size.
+        BackendError: ``backend`` is not None or a backend name.
+
+    Example:
+        >>> grid = HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"])
+        >>> grid.size
+        8
+        >>> grid.get_rank_enum(["dp", "tp"])
+        [[0, 1, 4, 5], [2, 3, 6, 7]]
+        >>> grid
+        HyperCommGrid(shape=[2, 2, 2], dim_names=['tp', 'cp', 'dp'], rank_offset=0, backend=None, groups=[])
+    """
+
+    def __init__(
+        self,
+        shape: Sequence[int],
+        dim_names: Sequence[str],
+        rank_offset: int = 0,
+        backend: str | None = None,
+    ) -> None:
+        self.layout = GridLayout(shape, dim_names, rank_offset)
+        self.backend = _normalize_backend(backend, "backend")
+        self._check_fits(world_size_hint())
+        # Canonical key -> the caller's group (None where the caller is in no group).
+        self._groups: dict[str, dist.ProcessGroup | None] = {}
+
+    # -- attributes ---------------------------------------------------------
+
+    @property
+    def shape(self) -> list[int]:
+        """Size of each dim, innermost first."""
+        return list(self.layout.shape)
+
+    @property
+    def dim_names(self) -> list[str]:
+        """Name of each dim, innermost first."""
+        return list(self.layout.dim_names)
+
+    @property
+    def rank_offset(self) -> int:
+        """The grid's first rank."""
+        return self.layout.rank_offset
+
+    @property
+    def size(self) -> int:
+        """Number of ranks in the grid."""
+        return self.layout.size
+
+    def __repr__(self) -> str:
+        return (
+            f"HyperCommGrid(shape={self.shape}, dim_names={self.dim_names}, "
+            f"rank_offset={self.rank_offset}, backend={self.backend!r}, groups={list(self._groups)})"
+        )
+
+    # -- checks -------------------------------------------------------------
+
+    def _check_fits(self, world: int | None) -> None:
+        if world is not None and self.rank_offset + self.size > world:
+            raise WorldSizeError(
+                f"grid of shape {self.shape} ({self.size} ranks) with rank_offset {self.rank_offset} "
+                f"needs ranks up to {self.rank_offset + self.size - 1}, but the world has {world} ranks "
+                f"(0..{world - 1})"
+            )
+
+    def _require_initialized(self, what: str) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise NotInitializedError(
+                f"{what} needs torch.distributed to be initialized: call "
+                "torch.distributed.init_process_group first (get_rank_enum works offline)"
+            )
+
+    def _creation_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(kwargs) - set(_PASS_THROUGH) - {"backend"})
+        if unknown:
+            raise UnexpectedArgumentError(
+                f"create_pg got unexpected keyword argument(s) {unknown}; accepted: {[*_PASS_THROUGH, 'backend']}"
+            )
+        options = {name: kwargs[name] for name in _PASS_THROUGH if name in kwargs}
+        backend = self.backend
+        if "backend" in kwargs:
+            asked = _normalize_backend(kwargs["backend"], "create_pg's backend")
+            if backend is not None and asked is not None and asked != backend:
+                raise BackendError(
+                    f"create_pg was asked for backend {kwargs['backend']!r} but this grid was built "
+                    f"with backend {self.backend!r}; build a separate grid for another backend"
+                )
+            backend = backend or asked
+        options["backend"] = backend
+        return options
+
+    # -- groups -------------------------------------------------------------
+
+    def get_rank_enum(self, dims: Dims) -> list[list[int]]:
+        """The ranks of every group of the family over ``dims`` (pure, no torch call).
+
+        Exactly what :meth:`create_pg` passes to ``new_subgroups_by_enumeration``;
+        dims in any order give the same result.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+
+        Example:
+            >>> HyperCommGrid([2, 2, 2], ["a", "b", "c"]).get_rank_enum(["b", "a"])
+            [[0, 1, 2, 3], [4, 5, 6, 7]]
+        """
+        return self.layout.rank_enum(dims)
+
+    def create_pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None:
+        """Create the process groups of the family over ``dims``; return the caller's.
+
+        Collective: every rank of the default group must call it, for the same
+        dims, in the same order. Keyword arguments ``timeout``, ``pg_options``
+        and ``group_desc`` are passed to
+        ``torch.distributed.new_subgroups_by_enumeration``; ``backend`` may be
+        given if it agrees with the grid's.
+
+        Returns:
+            The group holding the calling rank, or ``None`` on ranks outside the grid.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            GroupExistsError: (a ``KeyError``) this family was already created.
+            UnexpectedArgumentError: an unknown keyword argument.
+            BackendError: ``backend`` conflicts with the grid's.
+            NotInitializedError: torch.distributed is not initialized.
+            WorldSizeError: the grid does not fit in the world.
+
+        Example (a one-rank world, so that it runs anywhere):
+            >>> import torch.distributed as dist
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1, 1], ["tp", "dp"])
+            >>> group = grid.create_pg(["dp", "tp"], group_desc="TP_DP")
+            >>> dist.get_process_group_ranks(group), group.group_desc, grid.created_keys
+            ([0], 'TP_DP', ['dp-tp'])
+            >>> grid.get_pg("tp-dp") is group
+            True
+            >>> grid.destroy()
+            >>> dist.destroy_process_group()
+        """
+        key = self.layout.key(dims)
+        options = self._creation_options(kwargs)
+        if key in self._groups:
+            raise GroupExistsError(
+                f"the process group for dims {dims!r} (key {key!r}) was already created on this grid; "
+                "use get_pg to fetch it, or destroy() the grid's groups first"
+            )
+        self._require_initialized("create_pg")
+        self._check_fits(dist.get_world_size())
+        group: dist.ProcessGroup | None
+        group, _ = dist.new_subgroups_by_enumeration(  # type: ignore[no-untyped-call]
+            self.layout.rank_enum(key), **options
+        )
+        self._groups[key] = group
+        return group
+
+    def get_pg(self, dims: Dims) -> dist.ProcessGroup | None:
+        """The caller's group of an already created family (a local lookup).
+
+        Returns ``None`` on ranks outside the grid.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            GroupNotFoundError: (a ``KeyError``) the family was not created yet.
+
+        Example:
+            >>> HyperCommGrid([2, 2], ["tp", "dp"]).get_pg("tp")  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+              ...
+            hypergrid.errors.GroupNotFoundError: no process group for dims 'tp' (key 'tp'); ...
+        """
+        key = self.layout.key(dims)
+        try:
+            return self._groups[key]
+        except KeyError:
+            raise GroupNotFoundError(
+                f"no process group for dims {dims!r} (key {key!r}); created so far: "
+                f"{list(self._groups)}; call create_pg({key!r}) first"
+            ) from None
+
+    @property
+    def created_keys(self) -> list[str]:
+        """Canonical keys of the families created so far, in creation order."""
+        return list(self._groups)
+
+    def is_current_rank_in_grid(self) -> bool:
+        """Whether the calling rank is one of the grid's ranks.
+
+        Raises:
+            NotInitializedError: torch.distributed is not initialized.
+        """
+        self._require_initialized("is_current_rank_in_grid")
+        return self.layout.contains(dist.get_rank())
+
+    def destroy(self) -> None:
+        """Destroy the process groups this grid created on the calling rank.
+
+        Only this grid's groups that hold the caller are destroyed, each once;
+        groups that torch has already destroyed (for instance by
+        ``destroy_process_group()`` of the default group) are skipped.
+        Idempotent; the grid can create its families again afterwards.
+        """
+        unique = {id(group): group for group in self._groups.values() if group is not None}
+        self._groups.clear()
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        for group in unique.values():
+            # ValueError: torch no longer knows this group; it was destroyed elsewhere.
+            with contextlib.suppress(ValueError):
+                dist.destroy_process_group(group)

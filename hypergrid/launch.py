@@ -1,0 +1,238 @@
+"""Start a small local process group: spawned workers on one host, or ``torchrun``'s env.
+
+:func:`spawn` runs a function on ``nprocs`` fresh processes joined in one
+process group (gloo on CPU by default), with a hard timeout: an exception on
+any rank is re-raised in the parent as :class:`~hypergrid.errors.WorkerError`
+naming that rank with its traceback, and every other worker is stopped. The
+rendezvous store is hosted by the parent on ``127.0.0.1`` with a port chosen by
+the OS, so concurrent launches never race for a port.
+
+:func:`init_from_env` is the ``torchrun`` path (``env://``): NCCL bound to the
+local GPU when CUDA is present, gloo otherwise.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue as queue_module
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
+
+from hypergrid.errors import BackendError, InvalidArgumentError, WorkerError
+from hypergrid.layout import is_int
+
+__all__ = ["default_device", "init_from_env", "spawn"]
+
+_HOST = "127.0.0.1"
+# After one worker fails, how long to let the others' exit codes land before reporting.
+_SETTLE_SECONDS = 0.5
+
+
+def default_device() -> torch.device:
+    """The device collectives should use: the local GPU under NCCL, else the CPU.
+
+    Example:
+        >>> default_device().type in ("cpu", "cuda")
+        True
+    """
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch.device:
+    """Initialize torch.distributed from ``torchrun``'s environment (``env://``).
+
+    Chooses NCCL and binds the process to ``cuda:LOCAL_RANK`` (``device_id``, so
+    communicators are created eagerly and ``split_group`` can be used) when CUDA
+    is available, gloo otherwise.
+
+    Returns:
+        The device that collectives should use.
+
+    Raises:
+        BackendError: NCCL asked for without CUDA.
+    """
+    chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if chosen == "nccl":
+        if not torch.cuda.is_available():
+            raise BackendError("backend 'nccl' needs CUDA devices, and torch.cuda.is_available() is False")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", init_method="env://", timeout=timeout, device_id=device)
+        return device
+    dist.init_process_group(chosen, init_method="env://", timeout=timeout)
+    return torch.device("cpu")
+
+
+def _worker(
+    rank: int,
+    nprocs: int,
+    port: int,
+    backend: str,
+    timeout_s: float,
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    results: Any,
+) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(nprocs),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(nprocs),
+        MASTER_ADDR=_HOST,
+        MASTER_PORT=str(port),
+    )
+    try:
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = TCPStore(_HOST, port, is_master=False, timeout=timeout)
+        device_id = None
+        if backend == "nccl":
+            device_id = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(device_id)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=nprocs, timeout=timeout, device_id=device_id
+        )
+        value = fn(*args)
+        results.put((rank, True, value))
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _stop(processes: list[Any]) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def spawn(
+    fn: Callable[..., Any],
+    nprocs: int,
+    args: Sequence[Any] = (),
+    *,
+    backend: str = "gloo",
+    timeout_s: float = 120.0,
+) -> list[Any]:
+    """Run ``fn(*args)`` on ``nprocs`` new processes joined in one process group.
+
+    Each worker has torch.distributed initialized (``rank`` = its index, store
+    hosted by the parent on 127.0.0.1) and ``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` set. ``fn`` must be importable
+    (a module-level function) and return something picklable.
+
+    Args:
+        fn: the function each worker runs.
+        nprocs: number of workers (the world size).
+        args: positional arguments for ``fn``.
+        backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per worker).
+        timeout_s: hard limit for the whole run, in seconds; also the
+            collectives' timeout.
+
+    Returns:
+        ``fn``'s return value from every rank, indexed by rank.
+
+    Raises:
+        WorkerError: a worker raised (its rank and traceback are in the message),
+            died without a word (its exit code), or the run passed ``timeout_s``
+            (the ranks that had not finished are named). No worker is left running.
+
+    Example:
+        >>> spawn(dist.get_world_size, 2)
+        [2, 2]
+    """
+    if not is_int(nprocs) or nprocs < 1:
+        raise InvalidArgumentError(f"nprocs must be a positive int, got {nprocs!r}")
+    if backend not in ("gloo", "nccl"):
+        raise BackendError(f"spawn supports backend 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise BackendError("backend 'nccl' needs CUDA devices, and torch.cuda.is_available() is False")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise InvalidArgumentError(f"timeout_s must be positive, got {timeout_s!r}")
+    store = TCPStore(_HOST, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s))
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    processes = [
+        context.Process(
+            target=_worker,
+            args=(rank, nprocs, store.port, backend, timeout_s, fn, tuple(args), results),
+            name=f"hypergrid-rank{rank}",
+        )
+        for rank in range(nprocs)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        values = _collect(processes, results, timeout_s)
+    finally:
+        _stop(processes)
+    return [values[rank] for rank in range(nprocs)]
+
+
+def _collect(processes: list[Any], results: Any, timeout_s: float) -> dict[int, Any]:
+    """Gather every worker's value; raise on the first failure, silent death or the deadline."""
+    nprocs = len(processes)
+    values: dict[int, Any] = {}
+    reported: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(values) < nprocs:
+        try:
+            rank, ok, value = results.get(timeout=0.2)
+        except queue_module.Empty:
+            dead = _silent_deaths(processes, reported)
+            if dead:
+                raise WorkerError(_describe_deaths(dead, processes), rank=dead[0]) from None
+            if time.monotonic() > deadline:
+                missing = [r for r in range(nprocs) if r not in values]
+                raise WorkerError(
+                    f"timed out after {timeout_s:g} s waiting for rank(s) {missing} of {nprocs}"
+                ) from None
+            continue
+        reported.add(rank)
+        if ok:
+            values[rank] = value
+            continue
+        # A peer's crash is often why this rank failed: let its exit code land, name it first.
+        time.sleep(_SETTLE_SECONDS)
+        dead = _silent_deaths(processes, reported)
+        cause = f"{_describe_deaths(dead, processes)}; then " if dead else ""
+        raise WorkerError(
+            f"{cause}rank {rank} of {nprocs} failed:\n{value}",
+            rank=dead[0] if dead else rank,
+            remote_traceback=value,
+        )
+    return values
+
+
+def _silent_deaths(processes: list[Any], reported: set[int]) -> list[int]:
+    """Ranks whose process exited with an error code without sending anything.
+
+    A worker that reports, success or failure, exits with code 0; so a non-zero
+    code means it was killed or crashed before it could say why.
+    """
+    return [
+        rank for rank, process in enumerate(processes) if rank not in reported and process.exitcode not in (None, 0)
+    ]
+
+
+def _describe_deaths(dead: list[int], processes: list[Any]) -> str:
+    codes = [processes[rank].exitcode for rank in dead]
+    if len(dead) == 1:
+        return f"rank {dead[0]} of {len(processes)} died with exit code {codes[0]} before reporting"
+    return f"ranks {dead} of {len(processes)} died with exit codes {codes} before reporting"

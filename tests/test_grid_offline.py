@@ -1,0 +1,117 @@
+"""HyperCommGrid without other processes: planning offline, and a one-rank gloo world."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hypergrid import (
+    GridLayout,
+    GroupExistsError,
+    GroupNotFoundError,
+    HyperCommGrid,
+    NotInitializedError,
+    WorldSizeError,
+)
+
+
+def test_attributes_and_repr() -> None:
+    grid = HyperCommGrid([2, 3, 4], ["tp", "cp", "dp"], rank_offset=5, backend="GLOO")
+    assert (grid.shape, grid.dim_names, grid.rank_offset, grid.size, grid.backend) == (
+        [2, 3, 4],
+        ["tp", "cp", "dp"],
+        5,
+        24,
+        "gloo",
+    )
+    assert grid.layout == GridLayout([2, 3, 4], ["tp", "cp", "dp"], 5)
+    assert repr(grid) == (
+        "HyperCommGrid(shape=[2, 3, 4], dim_names=['tp', 'cp', 'dp'], rank_offset=5, backend='gloo', groups=[])"
+    )
+
+
+def test_rank_enum_is_pure_and_offline() -> None:
+    assert not dist.is_initialized()
+    grid = HyperCommGrid([2, 2, 2], ["a", "b", "c"])
+    assert grid.get_rank_enum(["c", "a"]) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert grid.created_keys == []
+
+
+def test_world_size_from_environment_refuses_a_grid_too_large(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"])
+    HyperCommGrid([2, 2], ["tp", "dp"], rank_offset=4)
+    with pytest.raises(WorldSizeError, match=r"8 ranks.*world has 4"):
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"])
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    with pytest.raises(WorldSizeError, match="rank_offset 5"):
+        HyperCommGrid([2, 2], ["tp", "dp"], rank_offset=5)
+    monkeypatch.setenv("WORLD_SIZE", "eight")
+    with pytest.raises(WorldSizeError, match="'eight'"):
+        HyperCommGrid([2], ["dp"])
+
+
+def test_collective_calls_need_an_initialized_world() -> None:
+    grid = HyperCommGrid([2], ["dp"])
+    with pytest.raises(NotInitializedError, match="init_process_group"):
+        grid.create_pg("dp")
+    with pytest.raises(NotInitializedError):
+        grid.is_current_rank_in_grid()
+    grid.destroy()  # nothing to destroy: no error
+
+
+def test_get_pg_before_create_lists_what_exists() -> None:
+    grid = HyperCommGrid([2, 2], ["tp", "dp"])
+    with pytest.raises(GroupNotFoundError, match=r"created so far: \[\]") as error:
+        grid.get_pg(["dp", "tp"])
+    assert isinstance(error.value, KeyError)
+    assert "'dp-tp'" in str(error.value)
+
+
+@pytest.fixture
+def one_rank_world() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("one_rank_world")
+def test_one_rank_lifecycle() -> None:
+    grid = HyperCommGrid([1, 1], ["tp", "dp"])
+    assert grid.is_current_rank_in_grid()
+    group = grid.create_pg(["tp", "dp"], group_desc="HG_BOTH", timeout=datetime.timedelta(seconds=77))
+    assert group is not None and group.group_desc == "HG_BOTH"
+    assert group._get_backend(torch.device("cpu")).options._timeout == datetime.timedelta(seconds=77)
+    assert grid.get_pg("tp-dp") is group and grid.get_pg(["dp", "tp"]) is group
+    with pytest.raises(GroupExistsError, match=r"'dp-tp'.*already created") as error:
+        grid.create_pg(["dp", "tp"])
+    assert isinstance(error.value, KeyError)
+    grid.destroy()
+    with pytest.raises(KeyError):
+        dist.get_process_group_ranks(group)  # torch no longer knows it
+    grid.destroy()  # idempotent
+    again = grid.create_pg("tp-dp")
+    assert again is not None and again is not group
+    dist.destroy_process_group(again)
+    grid.destroy()  # its group was destroyed elsewhere: skipped, no error
+
+
+def test_create_rechecks_the_real_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Planned against WORLD_SIZE=2 before the world came up, then the world has one rank.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    grid = HyperCommGrid([2], ["dp"])
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(WorldSizeError, match="world has 1"):
+            grid.create_pg("dp")
+        with pytest.raises(WorldSizeError, match="world has 1"):
+            HyperCommGrid([2], ["dp"])  # the live world wins over the environment
+    finally:
+        dist.destroy_process_group()
