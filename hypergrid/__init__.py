@@ -18,20 +18,8 @@ Example:
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from hypergrid.errors import (
-    BackendError,
-    DimsError,
-    GridSpecError,
-    GroupExistsError,
-    GroupNotFoundError,
-    HyperGridError,
-    InvalidArgumentError,
-    NotInitializedError,
-    RankError,
-    UnexpectedArgumentError,
-    WorkerError,
-    WorldSizeError,
-)
+from hypergrid import errors
+from hypergrid.errors import *  # noqa: F403 - the exceptions are public, listed in errors.__all__
 from hypergrid.layout import GridLayout
 
 if TYPE_CHECKING:
@@ -55,22 +43,5 @@ def __getattr__(name: str) -> Any:
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BackendError",
-    "DimsError",
-    "GridLayout",
-    "GridSpecError",
-    "GroupExistsError",
-    "GroupNotFoundError",
-    "HyperCommGrid",
-    "HyperGridError",
-    "InvalidArgumentError",
-    "NotInitializedError",
-    "RankError",
-    "UnexpectedArgumentError",
-    "WorkerError",
-    "WorldSizeError",
-    "__version__",
-    "init_from_env",
-    "spawn",
-]
+__all__ = ["GridLayout", "HyperCommGrid", "spawn", "init_from_env", "__version__"]
+__all__ += errors.__all__

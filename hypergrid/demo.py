@@ -38,6 +38,7 @@ class FamilyReport:
     same_object_any_order: bool
     create_ms: float
     allreduce_ms: float
+    first_group: tuple[int, ...]
 
     @property
     def ok(self) -> bool:
@@ -89,6 +90,7 @@ def run_families(shape: Sequence[int], dim_names: Sequence[str]) -> list[dict[st
                 same_object_any_order=totals[1].item() == 0,
                 create_ms=slowest[0].item() / 1e3,
                 allreduce_ms=slowest[1].item() / 1e3,
+                first_group=tuple(layout.group_ranks(family, layout.rank_offset)),
             )
         )
     grid.destroy()
@@ -99,22 +101,22 @@ def format_table(shape: Sequence[int], dim_names: Sequence[str], rows: Sequence[
     """The demo's report as a fixed-width table (times are the slowest rank's).
 
     Example:
-        >>> row = FamilyReport("dp-tp", 2, 4, 0, True, 12.5, 0.75)
+        >>> row = FamilyReport("dp-tp", 2, 4, 0, True, 12.5, 0.75, (0, 1, 4, 5))
         >>> print(format_table([2, 2, 2], ["tp", "cp", "dp"], [row]))  # doctest: +NORMALIZE_WHITESPACE
         grid [2, 2, 2] over ['tp', 'cp', 'dp'] (8 ranks)
-        family    key      groups  size  check  create(ms)  allreduce(ms)
-        dp,tp     dp-tp         2     4  ok          12.50           0.75
+        family     groups  size  check  create(ms)  allreduce(ms)  first group
+        dp-tp           2     4  ok          12.50           0.75  [0, 1, 4, 5]
         1 of 1 families correct
     """
     lines = [
         f"grid {list(shape)} over {list(dim_names)} ({math.prod(shape)} ranks)",
-        f"{'family':<9} {'key':<8} {'groups':>6} {'size':>5}  {'check':<5} {'create(ms)':>11} {'allreduce(ms)':>14}",
+        f"{'family':<10} {'groups':>6} {'size':>5}  {'check':<5} {'create(ms)':>11} {'allreduce(ms)':>14}  first group",
     ]
     for row in rows:
         check = "ok" if row.ok else f"FAIL ({row.wrong_ranks} wrong)"
         lines.append(
-            f"{row.key.replace('-', ','):<9} {row.key:<8} {row.num_groups:>6} {row.group_size:>5}  "
-            f"{check:<5} {row.create_ms:>11.2f} {row.allreduce_ms:>14.2f}"
+            f"{row.key:<10} {row.num_groups:>6} {row.group_size:>5}  "
+            f"{check:<5} {row.create_ms:>11.2f} {row.allreduce_ms:>14.2f}  {list(row.first_group)}"
         )
     good = sum(row.ok for row in rows)
     lines.append(f"{good} of {len(rows)} families correct")
