@@ -24,7 +24,7 @@ from hypergrid.layout import GridLayout
 
 if TYPE_CHECKING:
     from hypergrid.grid import HyperCommGrid
-    from hypergrid.launch import init_from_env, spawn
+    from hypergrid.launch import WorkerDeath, init_from_env, spawn
 
 # The torch binding is imported on first use, so that the pure layout core
 # (``import hypergrid.layout``) works where torch is not installed.
@@ -32,6 +32,7 @@ _LAZY = {
     "HyperCommGrid": "hypergrid.grid",
     "spawn": "hypergrid.launch",
     "init_from_env": "hypergrid.launch",
+    "WorkerDeath": "hypergrid.launch",
 }
 
 
@@ -43,5 +44,5 @@ def __getattr__(name: str) -> Any:
 
 __version__ = "0.1.0"
 
-__all__ = ["GridLayout", "HyperCommGrid", "spawn", "init_from_env", "__version__"]
+__all__ = ["GridLayout", "HyperCommGrid", "spawn", "init_from_env", "WorkerDeath", "__version__"]
 __all__ += errors.__all__

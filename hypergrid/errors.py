@@ -11,10 +11,12 @@ from __future__ import annotations
 
 __all__ = [
     "BackendError",
+    "DesyncError",
     "DimsError",
     "GridSpecError",
     "GroupExistsError",
     "GroupNotFoundError",
+    "GuardTimeoutError",
     "HyperGridError",
     "InvalidArgumentError",
     "NotInitializedError",
@@ -87,3 +89,30 @@ class WorkerError(HyperGridError, RuntimeError):
         super().__init__(message)
         self.rank = rank
         self.remote_traceback = remote_traceback
+
+
+class DesyncError(HyperGridError, RuntimeError):
+    """Ranks that must create a family together asked for different things.
+
+    Raised on every participating rank by the consistency guard, before any of
+    them waits inside torch. The message names the ranks and what each asked for.
+
+    Attributes:
+        requests: each distinct request (as text) mapped to the ranks that made it.
+    """
+
+    def __init__(self, message: str, requests: dict[str, list[int]] | None = None) -> None:
+        super().__init__(message)
+        self.requests = requests or {}
+
+
+class GuardTimeoutError(HyperGridError, TimeoutError):
+    """Some ranks did not reach a collective creation within the guard's timeout.
+
+    Attributes:
+        missing: the ranks that did not arrive (dead, hung, or creating nothing).
+    """
+
+    def __init__(self, message: str, missing: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.missing = missing or []

@@ -15,15 +15,19 @@ from typing import Any
 
 import torch.distributed as dist
 
+from hypergrid.creation import check_can_split, check_strategy, create_family
 from hypergrid.errors import (
     BackendError,
     GroupExistsError,
     GroupNotFoundError,
+    InvalidArgumentError,
     NotInitializedError,
     UnexpectedArgumentError,
     WorldSizeError,
 )
+from hypergrid.guard import CreationRequest, agree, held_group_count, members_scope, world_scope
 from hypergrid.layout import Dims, GridLayout
+from hypergrid.values import check_timeout
 
 __all__ = ["HyperCommGrid", "world_size_hint"]
 
@@ -87,11 +91,21 @@ class HyperCommGrid:
         rank_offset: first rank of the grid when it does not span the world.
         backend: backend for the groups this grid creates; ``None`` uses the
             default group's.
+        strategy: how families are created: ``"enumerate"`` (default, every
+            rank creates every group), ``"local"`` (members create only their
+            own group) or ``"split"`` (NCCL ``split_group``); see
+            :mod:`hypergrid.creation`. ``create_pg`` can override it per call.
+        guard: check, before each creation, that every participating rank asks
+            for the same family of the same grid at the same point (see
+            :mod:`hypergrid.guard`); a mismatch or a missing rank raises on all
+            of them instead of hanging. On by default.
+        guard_timeout_s: how long the guard waits for the other ranks.
 
     Raises:
         GridSpecError: invalid shape, names or offset.
         WorldSizeError: ``rank_offset + size`` exceeds the known world size.
         BackendError: ``backend`` is not None or a backend name.
+        InvalidArgumentError: unknown ``strategy``, or a bad ``guard_timeout_s``.
 
     Example:
         >>> grid = HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"])
@@ -109,12 +123,23 @@ class HyperCommGrid:
         dim_names: Sequence[str],
         rank_offset: int = 0,
         backend: str | None = None,
+        *,
+        strategy: str = "enumerate",
+        guard: bool = True,
+        guard_timeout_s: float = 300.0,
     ) -> None:
         self.layout = GridLayout(shape, dim_names, rank_offset)
         self.backend = _normalize_backend(backend, "backend")
+        self.strategy = check_strategy(strategy)
+        if not isinstance(guard, bool):
+            raise InvalidArgumentError(f"guard must be True or False, got {guard!r}")
+        self.guard = guard
+        self.guard_timeout_s = check_timeout(guard_timeout_s, "guard_timeout_s")
         self._check_fits(world_size_hint())
         # Canonical key -> the caller's group (None where the caller is in no group).
         self._groups: dict[str, dist.ProcessGroup | None] = {}
+        # Creations asked of this grid so far (never reset): part of what the guard compares.
+        self._creations = 0
 
     # -- attributes ---------------------------------------------------------
 
@@ -197,14 +222,16 @@ class HyperCommGrid:
         """
         return self.layout.rank_enum(dims)
 
-    def create_pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None:
+    def create_pg(self, dims: Dims, *, strategy: str | None = None, **kwargs: Any) -> dist.ProcessGroup | None:
         """Create the process groups of the family over ``dims``; return the caller's.
 
-        Collective: every rank of the default group must call it, for the same
-        dims, in the same order. Keyword arguments ``timeout``, ``pg_options``
-        and ``group_desc`` are passed to
-        ``torch.distributed.new_subgroups_by_enumeration``; ``backend`` may be
-        given if it agrees with the grid's.
+        Collective: with strategies ``"enumerate"`` and ``"split"`` every rank
+        of the default group must call it, for the same dims, in the same
+        order; with ``"local"`` the members of each group must. Keyword
+        arguments ``timeout``, ``pg_options`` and ``group_desc`` are passed to
+        torch (``new_subgroups_by_enumeration``, ``new_group`` or
+        ``split_group``); ``backend`` may be given if it agrees with the grid's.
+        ``strategy`` overrides the grid's for this family.
 
         Returns:
             The group holding the calling rank, or ``None`` on ranks outside the grid.
@@ -213,9 +240,13 @@ class HyperCommGrid:
             DimsError: unknown, repeated or no dims.
             GroupExistsError: (a ``KeyError``) this family was already created.
             UnexpectedArgumentError: an unknown keyword argument.
-            BackendError: ``backend`` conflicts with the grid's.
+            BackendError: ``backend`` conflicts with the grid's, or ``"split"``
+                where the default group cannot split.
+            InvalidArgumentError: unknown ``strategy``.
             NotInitializedError: torch.distributed is not initialized.
             WorldSizeError: the grid does not fit in the world.
+            DesyncError: (guard on) the participating ranks asked for different things.
+            GuardTimeoutError: (guard on) some participating ranks did not arrive in time.
 
         Example (a one-rank world, so that it runs anywhere):
             >>> import torch.distributed as dist
@@ -231,19 +262,67 @@ class HyperCommGrid:
         """
         key = self.layout.key(dims)
         options = self._creation_options(kwargs)
+        chosen = self.strategy if strategy is None else check_strategy(strategy)
         if key in self._groups:
             raise GroupExistsError(
                 f"the process group for dims {dims!r} (key {key!r}) was already created on this grid; "
                 "use get_pg to fetch it, or destroy() the grid's groups first"
             )
         self._require_initialized("create_pg")
-        self._check_fits(dist.get_world_size())
-        group: dist.ProcessGroup | None
-        group, _ = dist.new_subgroups_by_enumeration(  # type: ignore[no-untyped-call]
-            self.layout.rank_enum(key), **options
-        )
+        world = dist.get_world_size()
+        self._check_fits(world)
+        if chosen == "split":
+            check_can_split(options["backend"])
+        rank = dist.get_rank()
+        my_ranks = self.layout.group_ranks(key, rank) if self.layout.contains(rank) else None
+        sequence = self._creations
+        self._creations += 1
+        if self.guard:
+            if chosen == "local":
+                participants, scope = my_ranks or [], members_scope(my_ranks) if my_ranks else ""
+            else:
+                participants, scope = list(range(world)), world_scope()
+            request = CreationRequest(
+                grid=self._describe(),
+                key=key,
+                strategy=chosen,
+                grid_sequence=sequence,
+                held_groups=held_group_count() if chosen == "local" else None,
+            )
+            agree(request, participants, scope, self.guard_timeout_s)
+        rank_enum = None if chosen == "local" else self.layout.rank_enum(key)
+        group = create_family(chosen, rank_enum, my_ranks, options)
         self._groups[key] = group
         return group
+
+    def pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None:
+        """The caller's group over ``dims``, created on first use.
+
+        **Collective on first use** (it calls :meth:`create_pg`, with the same
+        rules): every rank that takes part must call it for the same dims in the
+        same order. With the guard on (the default) a rank that asks for
+        something else makes every participant raise ``DesyncError`` instead of
+        hanging. Later calls are local lookups; keyword arguments are used only
+        on the creating call.
+
+        Example:
+            >>> import torch.distributed as dist
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1], ["dp"])
+            >>> grid.pg("dp") is grid.pg("dp") is grid.get_pg("dp")
+            True
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        key = self.layout.key(dims)
+        if key in self._groups:
+            return self._groups[key]
+        return self.create_pg(key, **kwargs)
+
+    def _describe(self) -> str:
+        return (
+            f"grid shape={self.shape} dim_names={self.dim_names} rank_offset={self.rank_offset} "
+            f"backend={self.backend!r}"
+        )
 
     def get_pg(self, dims: Dims) -> dist.ProcessGroup | None:
         """The caller's group of an already created family (a local lookup).

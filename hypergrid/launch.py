@@ -19,6 +19,7 @@ import queue as queue_module
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,13 +28,21 @@ import torch.multiprocessing as mp
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 
 from hypergrid.errors import BackendError, InvalidArgumentError, WorkerError
-from hypergrid.layout import is_int
+from hypergrid.values import check_timeout, is_int
 
 __all__ = ["default_device", "init_from_env", "spawn"]
 
 _HOST = "127.0.0.1"
 # After one worker fails, how long to let the others' exit codes land before reporting.
 _SETTLE_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class WorkerDeath:
+    """In :func:`spawn`'s results (with ``allow_deaths``): this rank died without reporting."""
+
+    rank: int
+    exitcode: int | None
 
 
 def default_device() -> torch.device:
@@ -129,6 +138,7 @@ def spawn(
     *,
     backend: str = "gloo",
     timeout_s: float = 120.0,
+    allow_deaths: bool = False,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``nprocs`` new processes joined in one process group.
 
@@ -144,13 +154,17 @@ def spawn(
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per worker).
         timeout_s: hard limit for the whole run, in seconds; also the
             collectives' timeout.
+        allow_deaths: for fault-injection tests: a worker that dies without
+            reporting yields a :class:`WorkerDeath` in the results instead of
+            stopping the run, so the other ranks' outcomes can be inspected.
 
     Returns:
         ``fn``'s return value from every rank, indexed by rank.
 
     Raises:
         WorkerError: a worker raised (its rank and traceback are in the message),
-            died without a word (its exit code), or the run passed ``timeout_s``
+            died without a word (its exit code; unless ``allow_deaths``), or the
+            run passed ``timeout_s``
             (the ranks that had not finished are named). No worker is left running.
 
     Example:
@@ -163,8 +177,7 @@ def spawn(
         raise BackendError(f"spawn supports backend 'gloo' or 'nccl', got {backend!r}")
     if backend == "nccl" and not torch.cuda.is_available():
         raise BackendError("backend 'nccl' needs CUDA devices, and torch.cuda.is_available() is False")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise InvalidArgumentError(f"timeout_s must be positive, got {timeout_s!r}")
+    timeout_s = check_timeout(timeout_s, "timeout_s")
     store = TCPStore(_HOST, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s))
     context = mp.get_context("spawn")
     results = context.Queue()
@@ -179,38 +192,38 @@ def spawn(
     for process in processes:
         process.start()
     try:
-        values = _collect(processes, results, timeout_s)
+        values = _collect(processes, results, timeout_s, allow_deaths)
     finally:
         _stop(processes)
     return [values[rank] for rank in range(nprocs)]
 
 
-def _collect(processes: list[Any], results: Any, timeout_s: float) -> dict[int, Any]:
+def _collect(processes: list[Any], results: Any, timeout_s: float, allow_deaths: bool) -> dict[int, Any]:
     """Gather every worker's value; raise on the first failure, silent death or the deadline."""
     nprocs = len(processes)
     values: dict[int, Any] = {}
-    reported: set[int] = set()
+    exited_at: dict[int, float] = {}  # ranks seen exited without a message, and when
     deadline = time.monotonic() + timeout_s
     while len(values) < nprocs:
         try:
             rank, ok, value = results.get(timeout=0.2)
         except queue_module.Empty:
-            dead = _silent_deaths(processes, reported)
-            if dead:
-                raise WorkerError(_describe_deaths(dead, processes), rank=dead[0]) from None
-            if time.monotonic() > deadline:
+            for gone in _silent_deaths(processes, values, exited_at):
+                if not allow_deaths:
+                    raise WorkerError(_describe_deaths([gone], processes), rank=gone) from None
+                values[gone] = WorkerDeath(gone, processes[gone].exitcode)
+            if time.monotonic() > deadline and len(values) < nprocs:
                 missing = [r for r in range(nprocs) if r not in values]
                 raise WorkerError(
                     f"timed out after {timeout_s:g} s waiting for rank(s) {missing} of {nprocs}"
                 ) from None
             continue
-        reported.add(rank)
         if ok:
             values[rank] = value
             continue
         # A peer's crash is often why this rank failed: let its exit code land, name it first.
         time.sleep(_SETTLE_SECONDS)
-        dead = _silent_deaths(processes, reported)
+        dead = [r for r, p in enumerate(processes) if r not in values and r != rank and p.exitcode not in (None, 0)]
         cause = f"{_describe_deaths(dead, processes)}; then " if dead else ""
         raise WorkerError(
             f"{cause}rank {rank} of {nprocs} failed:\n{value}",
@@ -220,15 +233,21 @@ def _collect(processes: list[Any], results: Any, timeout_s: float) -> dict[int, 
     return values
 
 
-def _silent_deaths(processes: list[Any], reported: set[int]) -> list[int]:
-    """Ranks whose process exited with an error code without sending anything.
+def _silent_deaths(processes: list[Any], values: dict[int, Any], exited_at: dict[int, float]) -> list[int]:
+    """Ranks whose process exited without sending anything, past a grace period.
 
-    A worker that reports, success or failure, exits with code 0; so a non-zero
-    code means it was killed or crashed before it could say why.
+    A worker's message is written before it exits, but may still be in the pipe
+    when the exit is seen: only a rank exited for longer than the grace period
+    without a message is dead.
     """
-    return [
-        rank for rank, process in enumerate(processes) if rank not in reported and process.exitcode not in (None, 0)
-    ]
+    now = time.monotonic()
+    dead = []
+    for rank, process in enumerate(processes):
+        if rank in values or process.exitcode is None:
+            continue
+        if now - exited_at.setdefault(rank, now) > _SETTLE_SECONDS:
+            dead.append(rank)
+    return dead
 
 
 def _describe_deaths(dead: list[int], processes: list[Any]) -> str:

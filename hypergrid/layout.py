@@ -35,6 +35,7 @@ import numpy as np
 from einops import rearrange
 
 from hypergrid.errors import DimsError, GridSpecError, RankError
+from hypergrid.values import as_int, is_int
 
 __all__ = ["KEY_SEPARATOR", "MAX_WORLD_SIZE", "Dims", "GridLayout", "is_int", "as_int"]
 
@@ -47,28 +48,6 @@ MAX_WORLD_SIZE = 2**31 - 1
 
 #: Joins dim names into a canonical key (Megatron's form); dim names cannot contain it.
 KEY_SEPARATOR = "-"
-
-
-def as_int(value: object) -> int | None:
-    """``value`` as a Python int if it is an integer (Python or numpy, not a bool), else None.
-
-    Example:
-        >>> as_int(3), as_int(np.int64(3)), as_int(True), as_int(3.0)
-        (3, 3, None, None)
-    """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        return None
-    return int(value)
-
-
-def is_int(value: object) -> bool:
-    """Whether ``value`` is an integer (Python or numpy) and not a bool.
-
-    Example:
-        >>> is_int(3), is_int(np.int64(3)), is_int(True), is_int(3.0)
-        (True, True, False, False)
-    """
-    return as_int(value) is not None
 
 
 def _check_shape(shape: object) -> tuple[int, ...]:

@@ -12,15 +12,19 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hypergrid"
 # module -> the hypergrid modules it may import (downward only)
 ALLOWED = {
     "errors": set(),
-    "layout": {"errors"},
-    "grid": {"errors", "layout"},
-    "launch": {"errors", "layout"},
-    "demo": {"errors", "grid", "launch", "layout"},
+    "values": {"errors"},
+    "layout": {"errors", "values"},
+    "creation": {"errors"},
+    "guard": {"errors", "values"},
+    "grid": {"creation", "errors", "guard", "layout", "values"},
+    "launch": {"errors", "values"},
+    "demo": {"errors", "grid", "launch"},
 }
+PURE = ("errors", "values", "layout")
 
 
 def test_layout_core_loads_without_torch() -> None:
-    code = "import sys, hypergrid.layout, hypergrid.errors; print('torch' in sys.modules)"
+    code = "import sys, hypergrid.layout, hypergrid.values, hypergrid.errors; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -39,5 +43,5 @@ def test_imports_point_downward() -> None:
     for name, allowed in ALLOWED.items():
         inner = {m.split(".")[1] for m in _imports(PACKAGE / f"{name}.py") if m.startswith("hypergrid.")}
         assert inner <= allowed, (name, inner - allowed)
-    for core in ("errors", "layout"):
+    for core in PURE:
         assert not any(m.split(".")[0] == "torch" for m in _imports(PACKAGE / f"{core}.py"))

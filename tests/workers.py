@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import datetime
 import os
+import signal
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
-from hypergrid import GroupExistsError, HyperCommGrid
+from hypergrid import GroupExistsError, HyperCommGrid, HyperGridError
 
 
 def _allreduce_rank(group: Any) -> int:
@@ -89,3 +92,109 @@ def sleep_forever() -> None:
 def environment() -> dict[str, str]:
     keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     return {key: os.environ[key] for key in keys} | {"dist_rank": str(dist.get_rank())}
+
+
+def _outcome(create: Any) -> str:
+    """Run a creation; describe its result or the hypergrid error it raised."""
+    try:
+        group = create()
+    except HyperGridError as error:
+        return f"{type(error).__name__}: {error}"
+    return "none" if group is None else f"ok {dist.get_process_group_ranks(group)}"
+
+
+def strategy_families(strategy: str) -> dict[str, Any]:
+    """Every family of a [2,2,2] grid and of an offset [2,2] grid with one strategy."""
+    grid = HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"], strategy=strategy)
+    out: dict[str, Any] = {}
+    for family in grid.layout.all_families():
+        group = grid.create_pg(family)
+        out[grid.layout.key(family)] = (dist.get_process_group_ranks(group), _allreduce_rank(group))
+    offset = HyperCommGrid([2, 2], ["tp", "dp"], rank_offset=4)
+    for family in offset.layout.all_families():
+        group = offset.create_pg(family, strategy=strategy)  # the per-call override
+        out[f"offset {offset.layout.key(family)}"] = None if group is None else _allreduce_rank(group)
+    grid.destroy()
+    offset.destroy()
+    return out
+
+
+def local_with_extra_group(guard: bool, timeout_s: float) -> str:
+    """Ranks 0 and 1 hold an extra unrelated group, then 'local' creates the dp family."""
+    if dist.get_rank() in (0, 1):
+        dist.new_group([0, 1], use_local_synchronization=True)
+    grid = HyperCommGrid([2, 2], ["tp", "dp"], strategy="local", guard=guard, guard_timeout_s=timeout_s)
+    try:
+        return _outcome(lambda: grid.create_pg("dp", timeout=datetime.timedelta(seconds=timeout_s)))
+    except Exception as error:  # torch's own failure when nothing guards the creation
+        return f"torch {type(error).__name__}: {error}"
+
+
+def guard_scenarios() -> dict[str, Any]:
+    """Mismatched family, order, grid and lazy access on 8 ranks; then consistent use still works."""
+    rank = dist.get_rank()
+    names = ["tp", "cp", "dp"]
+    out: dict[str, Any] = {}
+    grid = HyperCommGrid([2, 2, 2], names, guard_timeout_s=60)
+    out["family"] = _outcome(lambda: grid.create_pg("dp" if rank == 3 else "tp"))
+    first, second = ("cp", "dp") if rank < 4 else ("dp", "cp")
+    ordered = HyperCommGrid([2, 2, 2], names, guard_timeout_s=60)
+    out["order"] = [_outcome(lambda: ordered.create_pg(first)), _outcome(lambda: ordered.create_pg(second))]
+    shape = [4, 2] if rank == 0 else [2, 4]
+    other = HyperCommGrid(shape, ["tp", "dp"], guard_timeout_s=60)
+    out["grid"] = _outcome(lambda: other.create_pg("tp"))
+    lazy = HyperCommGrid([2, 2, 2], names, guard_timeout_s=60)
+    out["lazy"] = _outcome(lambda: lazy.pg("cp" if rank == 6 else "dp-cp"))
+    # Everyone consistent again: works, and the lazy accessor returns the same object.
+    out["after"] = _outcome(lambda: lazy.pg("tp"))
+    out["after_sum"] = _allreduce_rank(lazy.pg("tp"))
+    out["lazy_same"] = lazy.pg("tp") is lazy.get_pg("tp")
+    # Two grids over the same ranks, interleaved, and a grid rebuilt after destroy().
+    one, two = HyperCommGrid([2, 4], ["tp", "dp"]), HyperCommGrid([4, 2], ["tp", "dp"])
+    one.create_pg("tp")
+    two.create_pg("tp")
+    one.destroy()
+    rebuilt = HyperCommGrid([2, 4], ["tp", "dp"])
+    out["rebuilt"] = _outcome(lambda: rebuilt.create_pg("dp"))
+    out["two_sum"] = _allreduce_rank(two.get_pg("tp"))
+    # destroy() twice on some ranks, once (later) on the others; then create again.
+    if rank < 4:
+        lazy.destroy()
+        lazy.destroy()
+    dist.barrier()
+    lazy.destroy()
+    out["recreate_after_uneven_destroy"] = _allreduce_rank(lazy.pg("tp"))
+    for each in (grid, ordered, other, lazy, two, rebuilt):
+        each.destroy()
+    return out
+
+
+def dead_rank_during_creation(victim: int, how: str, guard_timeout_s: float) -> str:
+    """``victim`` is killed (or just never calls) while the others create a family."""
+    grid = HyperCommGrid([2, 2], ["tp", "dp"], guard_timeout_s=guard_timeout_s)
+    dist.barrier()
+    if dist.get_rank() == victim:
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(guard_timeout_s * 2 + 5)
+        return "stayed away"
+    start = time.monotonic()
+    outcome = _outcome(lambda: grid.create_pg("dp"))
+    return f"{outcome} after {time.monotonic() - start:.1f} s"
+
+
+def create_destroy_cycles(cycles: int) -> dict[str, int]:
+    """Create every family and destroy them, ``cycles`` times; count torch's registry."""
+    registry = c10d._world.pg_map
+    before = len(registry)
+    grid = HyperCommGrid([2, 2], ["tp", "dp"])
+    peak = 0
+    for _ in range(cycles):
+        for family in grid.layout.all_families():
+            grid.create_pg(family)
+        peak = max(peak, len(registry) - before)
+        grid.destroy()
+    check = grid.create_pg("dp-tp")
+    total = _allreduce_rank(check)
+    grid.destroy()
+    return {"left": len(registry) - before, "peak": peak, "sum": total}
