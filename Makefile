@@ -13,7 +13,7 @@ STAMP := $(VENV)/.hypergrid-installed
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(PIP_TORCH_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test,bench]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -26,6 +26,15 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest
+
+# The benchmarks of docs/benchmarks.md and docs/performance.md; results in bench-results/.
+bench: $(STAMP)
+	mkdir -p bench-results
+	$(BIN)/python benchmarks/enumeration.py --json bench-results/enumeration.json
+	$(BIN)/python benchmarks/allreduce.py --minbytes 1K --maxbytes 16M --stepfactor 4 --iters 10 --warmup 3 \
+		--json bench-results/allreduce.json --plot bench-results/allreduce_busbw.png
+	$(BIN)/python benchmarks/creation.py --world 4,8,16 --guard on,off --json bench-results/creation.json
+	$(BIN)/python benchmarks/creation.py --fake --world 1024,16384,65536 --json bench-results/creation_fake.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

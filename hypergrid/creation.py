@@ -22,11 +22,15 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.errors import BackendError, InvalidArgumentError
+from hypergrid.errors import BackendError, CreationRefusedError, InvalidArgumentError
+from hypergrid.worldstate import PerWorld, held_group_count
 
 __all__ = ["STRATEGIES", "check_strategy", "check_can_split", "create_family"]
 
 STRATEGIES = ("enumerate", "local", "split")
+
+# Members-only groups this world has made: (ranks, groups held at the time) -> the torch name.
+_local_names = PerWorld()
 
 
 def check_strategy(strategy: object) -> str:
@@ -76,7 +80,19 @@ def create_family(
     if strategy == "local":
         if my_ranks is None:
             return None
+        used = _local_names.get()
+        identity = (tuple(my_ranks), held_group_count())
+        if identity in used:
+            raise CreationRefusedError(
+                f"strategy 'local' would create a group over ranks {my_ranks} while this rank holds "
+                f"{identity[1]} process groups, as when it created group {used[identity]!r} over the same "
+                "ranks: torch would give the new group that same name and reuse its rendezvous keys in "
+                "the store, left behind when it was destroyed, so the members would connect to stale "
+                "addresses (connection refused) or hang. Create this family with strategy='enumerate', "
+                "or create it before destroying the earlier group."
+            )
         group: dist.ProcessGroup = dist.new_group(my_ranks, use_local_synchronization=True, **options)
+        used[identity] = group.group_name
         return group
     assert rank_enum is not None
     if strategy == "split":

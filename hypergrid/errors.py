@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendError",
+    "CreationRefusedError",
     "DesyncError",
     "DimsError",
     "GridSpecError",
@@ -116,3 +117,7 @@ class GuardTimeoutError(HyperGridError, TimeoutError):
     def __init__(self, message: str, missing: list[int] | None = None) -> None:
         super().__init__(message)
         self.missing = missing or []
+
+
+class CreationRefusedError(HyperGridError, RuntimeError):
+    """A creation torch would get wrong (fail late or hang), refused before anything starts."""

@@ -25,9 +25,10 @@ from hypergrid.errors import (
     UnexpectedArgumentError,
     WorldSizeError,
 )
-from hypergrid.guard import CreationRequest, agree, held_group_count, members_scope, world_scope
+from hypergrid.guard import CreationRequest, agree, members_scope, world_scope
 from hypergrid.layout import Dims, GridLayout
 from hypergrid.values import check_timeout
+from hypergrid.worldstate import held_group_count
 
 __all__ = ["HyperCommGrid", "world_size_hint"]
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import weakref
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -39,8 +38,9 @@ from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.errors import DesyncError, GuardTimeoutError
 from hypergrid.values import format_ranks
+from hypergrid.worldstate import PerWorld
 
-__all__ = ["CreationRequest", "agree", "world_scope", "members_scope", "held_group_count"]
+__all__ = ["CreationRequest", "agree", "world_scope", "members_scope"]
 
 _PREFIX = "hypergrid/guard"
 
@@ -70,45 +70,25 @@ class CreationRequest:
         return cls(**json.loads(data))
 
 
-def held_group_count() -> int:
-    """How many process groups this rank holds, as torch counts them.
-
-    torch names a group created with ``use_local_synchronization=True`` from its
-    ranks *and* this count (``len(_world.pg_names)`` in torch 2.4 to 2.13), so members
-    that hold different numbers of groups would wait on different store keys.
-    """
-    return len(c10d._world.pg_names)
+_counters = PerWorld()  # scope name -> creations so far in this world
 
 
-class _Counters:
-    """Creation counters of the current world; reset when the default group changes."""
-
-    def __init__(self) -> None:
-        self.world: weakref.ref[Any] | None = None
-        self.counts: dict[str, int] = {}
-
-    def next(self, name: str) -> int:
-        world = dist.group.WORLD
-        if self.world is None or self.world() is not world:
-            self.world = weakref.ref(world) if world is not None else None
-            self.counts = {}
-        value = self.counts.get(name, 0)
-        self.counts[name] = value + 1
-        return value
-
-
-_counters = _Counters()
+def _next(name: str) -> int:
+    counts = _counters.get()
+    value: int = counts.get(name, 0)
+    counts[name] = value + 1
+    return value
 
 
 def world_scope() -> str:
     """The scope of the next world-collective creation (every rank of the world takes part)."""
-    return f"world/{_counters.next('world')}"
+    return f"world/{_next('world')}"
 
 
 def members_scope(ranks: list[int]) -> str:
     """The scope of the next members-only creation over exactly ``ranks``."""
     digest = hashlib.sha1(",".join(map(str, ranks)).encode(), usedforsecurity=False).hexdigest()[:20]
-    return f"members/{digest}/{_counters.next(digest)}"
+    return f"members/{digest}/{_next(digest)}"
 
 
 def agree(request: CreationRequest, participants: list[int], scope: str, timeout_s: float) -> None:

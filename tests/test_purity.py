@@ -14,9 +14,10 @@ ALLOWED = {
     "errors": set(),
     "values": {"errors"},
     "layout": {"errors", "values"},
-    "creation": {"errors"},
-    "guard": {"errors", "values"},
-    "grid": {"creation", "errors", "guard", "layout", "values"},
+    "worldstate": set(),
+    "creation": {"errors", "worldstate"},
+    "guard": {"errors", "values", "worldstate"},
+    "grid": {"creation", "errors", "guard", "layout", "values", "worldstate"},
     "launch": {"errors", "values"},
     "demo": {"errors", "grid", "launch"},
 }

@@ -41,7 +41,19 @@ def test_every_family_has_the_enumerated_membership(strategy: str, by_strategy: 
 @pytest.mark.processes
 @pytest.mark.timeout(400)
 def test_local_and_enumerate_agree_exactly(by_strategy: dict[str, Any]) -> None:
-    assert by_strategy["local"] == by_strategy["enumerate"]
+    strip = [{k: v for k, v in result.items() if k != "recreate"} for result in by_strategy["local"]]
+    assert strip == [{k: v for k, v in r.items() if k != "recreate"} for r in by_strategy["enumerate"]]
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(400)
+def test_recreating_a_local_family_after_destroy_is_refused_not_hung(by_strategy: dict[str, Any]) -> None:
+    for rank, result in enumerate(by_strategy["local"]):
+        assert result["recreate"].startswith("CreationRefusedError"), result["recreate"]
+        assert f"over ranks {LAYOUT.group_ranks('tp', rank)}" in result["recreate"]
+        assert "strategy='enumerate'" in result["recreate"]
+    for rank, result in enumerate(by_strategy["enumerate"]):
+        assert result["recreate"] == f"ok {LAYOUT.group_ranks('tp', rank)}"
 
 
 @pytest.mark.processes

@@ -116,6 +116,9 @@ def strategy_families(strategy: str) -> dict[str, Any]:
         out[f"offset {offset.layout.key(family)}"] = None if group is None else _allreduce_rank(group)
     grid.destroy()
     offset.destroy()
+    # Re-create after destroy: torch would reuse a members-only group's name and stale keys.
+    out["recreate"] = _outcome(lambda: grid.create_pg("tp"))
+    grid.destroy()
     return out
 
 

@@ -1,0 +1,230 @@
+"""Group-creation cost against world size, per strategy (and guard on/off).
+
+    python benchmarks/creation.py --world 4,8,16 --strategies enumerate,local [--guard on,off]
+        [--repeats 3] [--json PATH]
+    python benchmarks/creation.py --fake --world 1024,16384,65536 --strategies enumerate,local [--json PATH]
+
+With gloo processes (the default): for each world size, a grid of 2 x 2 x ... over
+it (at most 4 dims; the last takes the rest), every family created once in a
+fresh job (new processes), ``--repeats`` jobs per variant: what a job pays at
+start-up. (Repeating inside one job would measure something else: groups kept
+alive slow every later creation on a small host, and after a destroy torch
+reuses members-only group names.) Reported per strategy: the time to
+create all families on the slowest rank and the median rank (median over
+repeats), and the new_group calls and groups held per rank.
+
+With ``--fake``: torch's fake backend in one process, a ``[8, 8, 16, world/1024]``
+grid, all 15 families created on a sample of ranks: new_group calls per rank
+per family, and time per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pathlib
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from benchmarks.common import median, write_json
+from hypergrid import HyperCommGrid, spawn
+
+NAMES = ["tp", "cp", "ep", "dp"]
+
+
+def grid_shape(world: int) -> list[int]:
+    """2 x 2 x ... over ``world`` (a power of two), at most 4 dims, the last taking the rest.
+
+    Example:
+        >>> grid_shape(4), grid_shape(16), grid_shape(64)
+        ([2, 2], [2, 2, 2, 2], [2, 2, 2, 8])
+    """
+    if world < 2 or world & (world - 1):
+        raise ValueError(f"world sizes must be powers of two >= 2, got {world}")
+    dims = min(int(math.log2(world)), len(NAMES))
+    return [2] * (dims - 1) + [world // 2 ** (dims - 1)]
+
+
+def fake_shape(world: int) -> list[int]:
+    """``[8, 8, 16, world // 1024]`` for the fake backend.
+
+    Example:
+        >>> fake_shape(65536)
+        [8, 8, 16, 64]
+    """
+    if world < 1024 or world % 1024:
+        raise ValueError(f"--fake world sizes must be multiples of 1024, got {world}")
+    return [8, 8, 16, world // 1024]
+
+
+@contextmanager
+def counting_new_group() -> Iterator[list[int]]:
+    """Count the new_group calls torch makes (enumerate calls it per group, local once)."""
+    calls: list[int] = []
+    real = c10d._new_group_with_tag
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    c10d._new_group_with_tag = counted
+    try:
+        yield calls
+    finally:
+        c10d._new_group_with_tag = real
+
+
+def create_all(grid: HyperCommGrid) -> tuple[float, int, int]:
+    """Create every family of ``grid``: (seconds, new_group calls, groups held)."""
+    with counting_new_group() as calls:
+        start = time.perf_counter()
+        held = sum(grid.create_pg(family) is not None for family in grid.layout.all_families())
+        seconds = time.perf_counter() - start
+    return seconds, len(calls), held
+
+
+def gloo_rank(world: int, strategy: str, guard: bool) -> dict[str, Any]:
+    """On every rank of a fresh world: create every family once; every rank's time, calls and groups."""
+    shape = grid_shape(world)
+    grid = HyperCommGrid(shape, NAMES[: len(shape)], strategy=strategy, guard=guard)
+    dist.barrier()
+    seconds, calls, held = create_all(grid)
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, seconds)
+    grid.destroy()
+    return {"times": everyone, "calls": calls, "held": held}
+
+
+def gloo_rows(
+    world: int, strategies: list[str], guards: list[bool], repeats: int, timeout_s: float
+) -> list[dict[str, Any]]:
+    """Each sample is the first creation in a fresh job (fresh processes), as at a job's start."""
+    shape = grid_shape(world)
+    rows = []
+    for guard in guards:
+        for strategy in strategies:
+            samples = [
+                spawn(gloo_rank, world, (world, strategy, guard), timeout_s=timeout_s)[0] for _ in range(repeats)
+            ]
+            rows.append(
+                {
+                    "mode": "gloo",
+                    "world": world,
+                    "shape": shape,
+                    "strategy": strategy,
+                    "guard": guard,
+                    "families": 2 ** len(shape) - 1,
+                    "time_s_max": median([max(sample["times"]) for sample in samples]),
+                    "time_s_median": median([median(sample["times"]) for sample in samples]),
+                    "new_group_calls_per_rank": samples[0]["calls"],
+                    "groups_per_rank": samples[0]["held"],
+                    "repeats": repeats,
+                }
+            )
+    return rows
+
+
+def fake_rows(world: int, strategies: list[str], samples: int) -> list[dict[str, Any]]:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    shape = fake_shape(world)
+    rows = []
+    for strategy in strategies:
+        times, calls = [], []
+        for rank in sorted({0, world // 3, world - 1, *range(1, samples - 2)})[:samples]:
+            dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+            try:
+                grid = HyperCommGrid(shape, NAMES, strategy=strategy)
+                seconds, count, _ = create_all(grid)
+                grid.destroy()
+            finally:
+                dist.destroy_process_group()
+            times.append(seconds)
+            calls.append(count)
+        families = 2 ** len(shape) - 1
+        rows.append(
+            {
+                "mode": "fake",
+                "world": world,
+                "shape": shape,
+                "strategy": strategy,
+                "guard": False,
+                "families": families,
+                "time_s_max": max(times),
+                "time_s_median": median(times),
+                "new_group_calls_per_rank": max(calls),
+                "new_group_calls_per_family": max(calls) / families,
+                "samples": len(times),
+            }
+        )
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"{'mode':<5} {'world':>6} {'shape':<16} {'strategy':<10} {'guard':<5} {'families':>8} "
+        f"{'max rank(s)':>11} {'median(s)':>9} {'new_group/rank':>14}"
+    )
+    for row in rows:
+        print(
+            f"{row['mode']:<5} {row['world']:>6} {row['shape']!s:<16} {row['strategy']:<10} "
+            f"{'on' if row['guard'] else 'off':<5} {row['families']:>8} {row['time_s_max']:>11.4f} "
+            f"{row['time_s_median']:>9.4f} {row['new_group_calls_per_rank']:>14}"
+        )
+    by_world: dict[tuple[str, int, bool], dict[str, float]] = {}
+    for row in rows:
+        by_world.setdefault((row["mode"], row["world"], row["guard"]), {})[row["strategy"]] = row["time_s_max"]
+    lines = [
+        f"{mode} world {world} guard {'on' if guard else 'off'}: enumerate / local = {t['enumerate'] / t['local']:.2f}"
+        for (mode, world, guard), t in by_world.items()
+        if "enumerate" in t and "local" in t
+    ]
+    if lines:
+        print("\n# slowest-rank time ratio, enumerate over local")
+        print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world", default="4,8,16", help="comma-separated world sizes (default 4,8,16)")
+    parser.add_argument("--strategies", default="enumerate,local", help="comma-separated (default enumerate,local)")
+    parser.add_argument("--guard", default="on", help="on, off or on,off (gloo mode; default on)")
+    parser.add_argument("--repeats", type=int, default=3, help="fresh jobs per variant in gloo mode (default 3)")
+    parser.add_argument("--fake", action="store_true", help="torch's fake backend, one process")
+    parser.add_argument("--samples", type=int, default=4, help="ranks sampled in fake mode (default 4)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="hard limit per world in seconds")
+    parser.add_argument("--json", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    try:
+        worlds = [int(w) for w in args.world.split(",")]
+        strategies = [s.strip() for s in args.strategies.split(",")]
+        guards = [{"on": True, "off": False}[g.strip()] for g in args.guard.split(",")]
+        for world in worlds:
+            (fake_shape if args.fake else grid_shape)(world)
+    except (ValueError, KeyError) as error:
+        parser.error(f"bad --world, --strategies or --guard: {error}")
+    if bad := [s for s in strategies if s not in ("enumerate", "local")]:
+        parser.error(f"--strategies: {bad} not measurable here; choose from enumerate, local")
+    rows: list[dict[str, Any]] = []
+    for world in worlds:
+        print(f"# world {world} ...", file=sys.stderr, flush=True)
+        if args.fake:
+            rows += fake_rows(world, strategies, args.samples)
+        else:
+            rows += gloo_rows(world, strategies, guards, args.repeats, args.timeout)
+    print_table(rows)
+    if args.json:
+        write_json(args.json, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
