@@ -9,6 +9,7 @@ the default group, through ``torch.distributed.new_subgroups_by_enumeration``.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -194,6 +195,12 @@ class HyperCommGrid:
                 f"create_pg got unexpected keyword argument(s) {unknown}; accepted: {[*_PASS_THROUGH, 'backend']}"
             )
         options = {name: kwargs[name] for name in _PASS_THROUGH if name in kwargs}
+        timeout = options.get("timeout")
+        if timeout is not None and not (isinstance(timeout, datetime.timedelta) and timeout.total_seconds() > 0):
+            raise InvalidArgumentError(f"timeout must be a positive datetime.timedelta or None, got {timeout!r}")
+        desc = options.get("group_desc")
+        if desc is not None and not isinstance(desc, str):
+            raise InvalidArgumentError(f"group_desc must be a str or None, got {desc!r}")
         backend = self.backend
         if "backend" in kwargs:
             asked = _normalize_backend(kwargs["backend"], "create_pg's backend")

@@ -95,6 +95,17 @@ def _check_offset(rank_offset: object) -> int:
     return offset
 
 
+def _int_array(data: object, ndim: int, message: str) -> np.ndarray:
+    """``data`` as an integer array of ``ndim`` dims (empty allowed), else RankError(message)."""
+    try:
+        array = np.asarray(data)
+    except (ValueError, TypeError):  # ragged or otherwise not array-like
+        raise RankError(message) from None
+    if array.ndim != ndim or not (array.size == 0 or np.issubdtype(array.dtype, np.integer)) or array.dtype == bool:
+        raise RankError(message)
+    return array.astype(np.int64)
+
+
 @lru_cache(maxsize=1024)
 def _family_pattern(ndim: int, dims: tuple[int, ...]) -> str:
     # Axis i of the grid is named "d<i>"; the array holds them outermost first.
@@ -372,9 +383,7 @@ class GridLayout:
             >>> GridLayout([2, 3], ["tp", "dp"]).coords_array([0, 3, 5]).tolist()
             [[0, 0], [1, 1], [1, 2]]
         """
-        local = np.asarray(ranks)
-        if local.ndim != 1 or not (local.size == 0 or np.issubdtype(local.dtype, np.integer)):
-            raise RankError(f"ranks must be a 1-D sequence of ints, got {ranks!r}")
+        local = _int_array(ranks, 1, f"ranks must be a 1-D sequence of ints, got {ranks!r}")
         local = local.astype(np.int64) - self.rank_offset
         bad = (local < 0) | (local >= self.size)
         if bad.any():
@@ -392,8 +401,8 @@ class GridLayout:
             >>> GridLayout([2, 3], ["tp", "dp"]).ranks_array([[0, 0], [1, 2]]).tolist()
             [0, 5]
         """
-        values = np.asarray(coords)
-        if values.ndim != 2 or values.shape[1] != self.ndim or not np.issubdtype(values.dtype, np.integer):
+        values = _int_array(coords, 2, f"coords must be an (n, {self.ndim}) array of ints, got {coords!r}")
+        if values.shape[1] != self.ndim:
             raise RankError(f"coords must be an (n, {self.ndim}) array of ints, got {coords!r}")
         shape = np.asarray(self.shape, dtype=np.int64)
         bad_rows = ((values < 0) | (values >= shape)).any(axis=1)
