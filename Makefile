@@ -8,12 +8,12 @@ PIP_TORCH_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hypergrid-installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint docs bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(PIP_TORCH_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[test,bench]"
+	$(BIN)/python -m pip install --quiet -e ".[test,bench,docs]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -24,7 +24,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check hypergrid tests benchmarks
 	$(BIN)/mypy
 
-test: lint
+# The docs site, built with --strict: a broken link or docstring fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d site
+
+test: lint docs
 	$(BIN)/python -m pytest
 
 # The benchmarks of docs/benchmarks.md and docs/performance.md; results in bench-results/.

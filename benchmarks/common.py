@@ -28,7 +28,7 @@ BUS_FACTORS = {
 def parse_bytes(text: str) -> int:
     """``"1K"`` -> 1024, ``"64M"`` -> 67108864 (binary units, as nccl-tests).
 
-    Example:
+    Examples:
         >>> parse_bytes("64M"), parse_bytes("8"), parse_bytes("1k")
         (67108864, 8, 1024)
     """
@@ -41,7 +41,7 @@ def parse_bytes(text: str) -> int:
 def size_sweep(minbytes: int, maxbytes: int, stepfactor: int) -> list[int]:
     """Sizes from ``minbytes`` up to ``maxbytes``, multiplied by ``stepfactor`` each step.
 
-    Example:
+    Examples:
         >>> size_sweep(1024, 8192, 2)
         [1024, 2048, 4096, 8192]
     """
@@ -60,7 +60,7 @@ def size_sweep(minbytes: int, maxbytes: int, stepfactor: int) -> list[int]:
 def bandwidths(op: str, size_bytes: int, seconds: float, group_size: int) -> tuple[float, float]:
     """``(algbw, busbw)`` in GB/s (1 GB = 1e9 bytes), the nccl-tests way.
 
-    Example:
+    Examples:
         >>> algbw, busbw = bandwidths("all_reduce", 10**9, 1.0, 8)
         >>> algbw, busbw
         (1.0, 1.75)
@@ -81,7 +81,7 @@ def write_json(path: pathlib.Path, records: list[dict[str, Any]]) -> None:
 def human_bytes(size: int) -> str:
     """``1024`` -> ``"1K"``.
 
-    Example:
+    Examples:
         >>> human_bytes(1024), human_bytes(3 * 1024**2), human_bytes(100)
         ('1K', '3M', '100')
     """

@@ -43,7 +43,7 @@ NAMES = ["tp", "cp", "ep", "dp"]
 def grid_shape(world: int) -> list[int]:
     """2 x 2 x ... over ``world`` (a power of two), at most 4 dims, the last taking the rest.
 
-    Example:
+    Examples:
         >>> grid_shape(4), grid_shape(16), grid_shape(64)
         ([2, 2], [2, 2, 2, 2], [2, 2, 2, 8])
     """
@@ -56,7 +56,7 @@ def grid_shape(world: int) -> list[int]:
 def fake_shape(world: int) -> list[int]:
     """``[8, 8, 16, world // 1024]`` for the fake backend.
 
-    Example:
+    Examples:
         >>> fake_shape(65536)
         [8, 8, 16, 64]
     """

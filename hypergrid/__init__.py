@@ -8,7 +8,7 @@ The public surface:
 - :func:`spawn` — a local multi-process launcher with a hard timeout.
 - the exceptions in :mod:`hypergrid.errors`.
 
-Example:
+Examples:
     >>> import hypergrid
     >>> grid = hypergrid.HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"])
     >>> grid.get_rank_enum("cp-dp")

@@ -1,11 +1,14 @@
-"""Command line: ``python -m hypergrid demo [...]``."""
+"""Command line: ``python -m hypergrid demo [...]`` and ``python -m hypergrid show [...]``."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
 
-_COMMANDS = {"demo": "run the main job: a local gloo grid, every family all-reduced and checked"}
+_COMMANDS = {
+    "demo": "run the main job: a local gloo grid, every family all-reduced and checked",
+    "show": "print a grid's layout, families and node report (no process group needed)",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -18,6 +21,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\nerror: unknown command {args[0]!r}; choose from {sorted(_COMMANDS)}", file=sys.stderr)
             return 2
         return 0 if args else 2
+    if args[0] == "show":
+        from hypergrid import cli
+
+        return cli.show(args[1:])
     from hypergrid import demo
 
     return demo.main(args[1:])

@@ -36,7 +36,7 @@ _local_names = PerWorld()
 def check_strategy(strategy: object) -> str:
     """Validate a strategy name.
 
-    Example:
+    Examples:
         >>> check_strategy("local")
         'local'
     """

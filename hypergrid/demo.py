@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from hypergrid.cli import parse_grid_arguments
 from hypergrid.errors import HyperGridError, InvalidArgumentError
 from hypergrid.grid import HyperCommGrid
 from hypergrid.launch import default_device, init_from_env, spawn
@@ -100,7 +101,7 @@ def run_families(shape: Sequence[int], dim_names: Sequence[str]) -> list[dict[st
 def format_table(shape: Sequence[int], dim_names: Sequence[str], rows: Sequence[FamilyReport]) -> str:
     """The demo's report as a fixed-width table (times are the slowest rank's).
 
-    Example:
+    Examples:
         >>> row = FamilyReport("dp-tp", 2, 4, 0, True, 12.5, 0.75, (0, 1, 4, 5))
         >>> print(format_table([2, 2, 2], ["tp", "cp", "dp"], [row]))  # doctest: +NORMALIZE_WHITESPACE
         grid [2, 2, 2] over ['tp', 'cp', 'dp'] (8 ranks)
@@ -123,13 +124,6 @@ def format_table(shape: Sequence[int], dim_names: Sequence[str], rows: Sequence[
     return "\n".join(lines)
 
 
-def _parse_list(text: str, what: str) -> list[str]:
-    items = [item.strip() for item in text.split(",")]
-    if not all(items):
-        raise InvalidArgumentError(f"{what} must be a comma-separated list, got {text!r}")
-    return items
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; return 0 when every family checks out, 1 otherwise."""
     parser = argparse.ArgumentParser(prog="python -m hypergrid demo", description=__doc__.splitlines()[0])
@@ -138,13 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="hard limit in seconds (default 300)")
     args = parser.parse_args(argv)
     try:
-        shape = [int(size) for size in _parse_list(args.shape, "--shape")]
-        dim_names = _parse_list(args.dims, "--dims")
-        HyperCommGrid(shape, dim_names)  # validates before any process starts
+        layout = parse_grid_arguments(args.shape, args.dims)  # validates before any process starts
     except HyperGridError as error:
         parser.error(str(error))
-    except ValueError:
-        parser.error(f"--shape must be comma-separated ints, got {args.shape!r}")
+    shape, dim_names = list(layout.shape), list(layout.dim_names)
     if "RANK" in os.environ:
         init_from_env(timeout_s=args.timeout)
         try:

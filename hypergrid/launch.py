@@ -48,7 +48,7 @@ class WorkerDeath:
 def default_device() -> torch.device:
     """The device collectives should use: the local GPU under NCCL, else the CPU.
 
-    Example:
+    Examples:
         >>> default_device().type in ("cpu", "cuda")
         True
     """
@@ -167,7 +167,7 @@ def spawn(
             run passed ``timeout_s``
             (the ranks that had not finished are named). No worker is left running.
 
-    Example:
+    Examples:
         >>> spawn(dist.get_world_size, 2)
         [2, 2]
     """

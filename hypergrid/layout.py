@@ -11,7 +11,7 @@ other dims' coordinates. Groups are ordered with the innermost remaining dim
 fastest; inside a group the requested dims vary in layout order, innermost
 fastest (so every group is sorted ascending).
 
-Example:
+Examples:
     >>> layout = GridLayout([2, 2, 2], ["a", "b", "c"])
     >>> layout.rank_enum(["c", "a"])
     [[0, 1, 4, 5], [2, 3, 6, 7]]
@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import keyword
 import math
-from collections.abc import Sequence
+from collections import namedtuple
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any, Union
 
@@ -37,7 +38,7 @@ from einops import rearrange
 from hypergrid.errors import DimsError, GridSpecError, RankError
 from hypergrid.values import as_int, is_int
 
-__all__ = ["KEY_SEPARATOR", "MAX_WORLD_SIZE", "Dims", "GridLayout", "is_int", "as_int"]
+__all__ = ["KEY_SEPARATOR", "MAX_WORLD_SIZE", "Dims", "GridLayout", "resolve_shape"]
 
 #: A dims request: one name, a canonical key such as ``"dp-tp"``, or a list/tuple of names.
 Dims = Union[str, Sequence[str]]  # noqa: UP007 - a runtime alias must work on Python 3.10
@@ -60,6 +61,41 @@ def _check_shape(shape: object) -> tuple[int, ...]:
         if not is_int(size) or size < 1:
             raise GridSpecError(f"shape[{position}] must be a positive int, got {size!r} in shape {list(sizes)!r}")
     return tuple(int(size) for size in sizes)
+
+
+def resolve_shape(shape: Sequence[int], world: int | None, rank_offset: int = 0) -> list[int]:
+    """Replace one size of ``-1`` by what fills the world (as ezpz infers dp).
+
+    Examples:
+        >>> resolve_shape([2, -1, 4], world=64)
+        [2, 8, 4]
+        >>> resolve_shape([2, 4], world=None)
+        [2, 4]
+    """
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, (Sequence, np.ndarray)):
+        return shape  # type: ignore[return-value]  # _check_shape names the problem
+    sizes = list(shape)
+    wild = [i for i, size in enumerate(sizes) if as_int(size) == -1]
+    if not wild:
+        return sizes
+    if len(wild) > 1:
+        raise GridSpecError(f"shape {sizes} has {len(wild)} sizes of -1; at most one can be inferred")
+    if world is None:
+        raise GridSpecError(
+            f"shape {sizes} has a -1 to infer, but the world size is unknown: initialize "
+            "torch.distributed or set WORLD_SIZE"
+        )
+    known = [size for i, size in enumerate(sizes) if i != wild[0]]
+    fixed = _check_shape(known) if known else ()
+    product = math.prod(fixed)
+    room = world - _check_offset(rank_offset)
+    if room < product or room % product:
+        raise GridSpecError(
+            f"cannot infer the -1 in shape {sizes}: the world of {world} ranks (offset {rank_offset}) "
+            f"leaves {room} ranks, not a positive multiple of the other sizes' product {product}"
+        )
+    sizes[wild[0]] = room // product
+    return sizes
 
 
 def _check_dim_names(dim_names: object, ndim: int) -> tuple[str, ...]:
@@ -95,8 +131,16 @@ def _check_offset(rank_offset: object) -> int:
     return offset
 
 
+def _holds_bool(data: object) -> bool:
+    if isinstance(data, (bool, np.bool_)):
+        return True
+    return isinstance(data, (list, tuple)) and any(_holds_bool(item) for item in data)
+
+
 def _int_array(data: object, ndim: int, message: str) -> np.ndarray:
     """``data`` as an integer array of ``ndim`` dims (empty allowed), else RankError(message)."""
+    if not isinstance(data, np.ndarray) and _holds_bool(data):
+        raise RankError(message)  # numpy would silently read True as 1
     try:
         array = np.asarray(data)
     except (ValueError, TypeError):  # ragged or otherwise not array-like
@@ -130,7 +174,7 @@ class GridLayout:
         GridSpecError: a bad shape, bad or repeated names, a bad offset, or a
             grid needing a world larger than 2**31-1 ranks.
 
-    Example:
+    Examples:
         >>> layout = GridLayout([2, 3, 4, 5], ["tp", "cp", "pp", "dp"])
         >>> layout.size, layout.strides
         (120, (1, 2, 6, 24))
@@ -138,7 +182,7 @@ class GridLayout:
         (8, 15)
     """
 
-    __slots__ = ("_index", "dim_names", "rank_offset", "shape", "size", "strides")
+    __slots__ = ("_coord_type", "_index", "dim_names", "rank_offset", "shape", "size", "strides")
 
     shape: tuple[int, ...]
     dim_names: tuple[str, ...]
@@ -146,6 +190,7 @@ class GridLayout:
     size: int
     strides: tuple[int, ...]
     _index: dict[str, int]
+    _coord_type: Any
 
     def __init__(self, shape: Sequence[int], dim_names: Sequence[str], rank_offset: int = 0) -> None:
         sizes = _check_shape(shape)
@@ -167,6 +212,7 @@ class GridLayout:
         set_attr(self, "size", size)
         set_attr(self, "strides", strides)
         set_attr(self, "_index", {name: i for i, name in enumerate(names)})
+        set_attr(self, "_coord_type", namedtuple("Coord", names))
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"GridLayout is immutable; cannot set {name!r}")
@@ -203,7 +249,7 @@ class GridLayout:
             DimsError: ``dims`` is empty, of the wrong type, names an unknown
                 dim or repeats one.
 
-        Example:
+        Examples:
             >>> GridLayout([2, 2, 2], ["tp", "cp", "dp"]).dim_indices(["dp", "tp"])
             (0, 2)
         """
@@ -229,7 +275,7 @@ class GridLayout:
     def canonical_dims(self, dims: Dims) -> tuple[str, ...]:
         """The requested dims in canonical order: outermost first (Megatron's key order).
 
-        Example:
+        Examples:
             >>> GridLayout([2, 2, 2], ["tp", "cp", "dp"]).canonical_dims(["tp", "dp"])
             ('dp', 'tp')
         """
@@ -238,7 +284,7 @@ class GridLayout:
     def key(self, dims: Dims) -> str:
         """The canonical key of a combination of dims: names outermost first, joined by ``-``.
 
-        Example:
+        Examples:
             >>> GridLayout([2, 2, 2], ["tp", "cp", "dp"]).key(["tp", "dp"])
             'dp-tp'
         """
@@ -247,7 +293,7 @@ class GridLayout:
     def dim_size(self, dim: str) -> int:
         """Size of one named dim.
 
-        Example:
+        Examples:
             >>> GridLayout([2, 4], ["tp", "dp"]).dim_size("dp")
             4
         """
@@ -258,7 +304,7 @@ class GridLayout:
     def group_size(self, dims: Dims) -> int:
         """Number of ranks in each group of the family over ``dims``.
 
-        Example:
+        Examples:
             >>> GridLayout([2, 3, 4], ["tp", "cp", "dp"]).group_size("cp-tp")
             6
         """
@@ -267,7 +313,7 @@ class GridLayout:
     def num_groups(self, dims: Dims) -> int:
         """Number of groups in the family over ``dims``.
 
-        Example:
+        Examples:
             >>> GridLayout([2, 3, 4], ["tp", "cp", "dp"]).num_groups("cp-tp")
             4
         """
@@ -276,7 +322,7 @@ class GridLayout:
     def all_families(self) -> list[tuple[str, ...]]:
         """Every non-empty combination of dims, canonical, fewest dims first.
 
-        Example:
+        Examples:
             >>> GridLayout([2, 2], ["tp", "dp"]).all_families()
             [('tp',), ('dp',), ('dp', 'tp')]
         """
@@ -289,7 +335,7 @@ class GridLayout:
     def rank_array(self) -> np.ndarray:
         """All ranks as an array over the reversed shape (``dim_names[-1]`` first axis).
 
-        Example:
+        Examples:
             >>> GridLayout([2, 3], ["tp", "dp"]).rank_array().tolist()
             [[0, 1], [2, 3], [4, 5]]
         """
@@ -299,7 +345,7 @@ class GridLayout:
     def rank_enum_array(self, dims: Dims) -> np.ndarray:
         """The family over ``dims`` as an int64 array of shape ``(num_groups, group_size)``.
 
-        Example:
+        Examples:
             >>> GridLayout([2, 2, 2], ["a", "b", "c"]).rank_enum_array("a-b").tolist()
             [[0, 1, 2, 3], [4, 5, 6, 7]]
         """
@@ -312,7 +358,7 @@ class GridLayout:
         This is exactly the list ``HyperCommGrid.create_pg`` hands to
         ``torch.distributed.new_subgroups_by_enumeration``.
 
-        Example:
+        Examples:
             >>> GridLayout([2, 2, 2], ["a", "b", "c"]).rank_enum(["a", "c"])
             [[0, 1, 4, 5], [2, 3, 6, 7]]
         """
@@ -336,7 +382,7 @@ class GridLayout:
     def contains(self, rank: int) -> bool:
         """Whether ``rank`` is one of the grid's ranks.
 
-        Example:
+        Examples:
             >>> GridLayout([2, 2], ["tp", "dp"], rank_offset=4).contains(3)
             False
         """
@@ -345,7 +391,7 @@ class GridLayout:
     def coords_of(self, rank: int) -> tuple[int, ...]:
         """Coordinates of ``rank``, one per dim in ``dim_names`` order. O(ndim).
 
-        Example:
+        Examples:
             >>> GridLayout([2, 3, 4], ["tp", "cp", "dp"]).coords_of(11)
             (1, 2, 1)
         """
@@ -358,7 +404,7 @@ class GridLayout:
         Raises:
             RankError: wrong number of coordinates, or one out of its dim's range.
 
-        Example:
+        Examples:
             >>> GridLayout([2, 3, 4], ["tp", "cp", "dp"]).rank_of((1, 2, 1))
             11
         """
@@ -379,7 +425,7 @@ class GridLayout:
     def coords_array(self, ranks: Sequence[int] | np.ndarray) -> np.ndarray:
         """Coordinates of many ranks at once: an int64 array of shape ``(len(ranks), ndim)``.
 
-        Example:
+        Examples:
             >>> GridLayout([2, 3], ["tp", "dp"]).coords_array([0, 3, 5]).tolist()
             [[0, 0], [1, 1], [1, 2]]
         """
@@ -397,7 +443,7 @@ class GridLayout:
     def ranks_array(self, coords: Sequence[Sequence[int]] | np.ndarray) -> np.ndarray:
         """Ranks of many coordinates at once (rows in ``dim_names`` order).
 
-        Example:
+        Examples:
             >>> GridLayout([2, 3], ["tp", "dp"]).ranks_array([[0, 0], [1, 2]]).tolist()
             [0, 5]
         """
@@ -416,7 +462,7 @@ class GridLayout:
         Computed in O(group size) from the rank's coordinates, without building
         the world array; equals the member of :meth:`rank_enum` holding ``rank``.
 
-        Example:
+        Examples:
             >>> GridLayout([2, 2, 2], ["a", "b", "c"]).group_ranks(["a", "c"], rank=6)
             [2, 3, 6, 7]
         """
@@ -432,7 +478,7 @@ class GridLayout:
     def group_index(self, dims: Dims, rank: int) -> int:
         """Position, in :meth:`rank_enum`, of the group over ``dims`` holding ``rank``.
 
-        Example:
+        Examples:
             >>> GridLayout([2, 2, 2], ["a", "b", "c"]).group_index(["a", "c"], rank=6)
             1
         """
@@ -443,3 +489,131 @@ class GridLayout:
             if i not in chosen:
                 index = index * self.shape[i] + local // self.strides[i] % self.shape[i]
         return index
+
+    # -- named coordinates, neighbours, names ---------------------------------
+
+    def coord_of(self, rank: int) -> Any:
+        """Coordinates of ``rank`` as a named tuple with the dim names as fields. O(ndim).
+
+        Examples:
+            >>> GridLayout([2, 3, 4], ["tp", "cp", "dp"]).coord_of(11)
+            Coord(tp=1, cp=2, dp=1)
+        """
+        return self._coord_type(*self.coords_of(rank))
+
+    def rank_at(self, **coords: int) -> int:
+        """The rank at the named coordinates; every dim is required.
+
+        Raises:
+            RankError: a dim missing, an unknown dim, or a coordinate out of range.
+
+        Examples:
+            >>> GridLayout([2, 3, 4], ["tp", "cp", "dp"]).rank_at(tp=1, cp=2, dp=1)
+            11
+        """
+        unknown = sorted(set(coords) - set(self.dim_names))
+        missing = [name for name in self.dim_names if name not in coords]
+        if unknown or missing:
+            raise RankError(
+                f"rank_at needs exactly one coordinate per dim of {list(self.dim_names)}; "
+                f"missing {missing}, unknown {unknown} (got {coords})"
+            )
+        return self.rank_of([coords[name] for name in self.dim_names])
+
+    def replace(self, rank: int, **coords: int) -> int:
+        """The rank whose coordinates are ``rank``'s with some replaced (DeepSpeed's ``stage_to_global``).
+
+        Examples:
+            >>> GridLayout([2, 2, 2], ["tp", "pp", "dp"]).replace(5, pp=1)
+            7
+        """
+        unknown = sorted(set(coords) - set(self.dim_names))
+        if unknown:
+            raise RankError(f"unknown dim(s) {unknown} in {coords}; valid dims are {list(self.dim_names)}")
+        return self.rank_at(**{**self.coord_of(rank)._asdict(), **coords})
+
+    def shift(self, dim: str, rank: int, disp: int = 1, periodic: bool = False) -> tuple[int | None, int | None]:
+        """``(source, dest)`` along ``dim``, like ``MPI_Cart_shift``.
+
+        ``dest`` is the rank ``disp`` steps ahead of ``rank`` along ``dim``,
+        ``source`` the one ``disp`` steps behind; ``None`` past an open edge,
+        wrapped around when ``periodic``.
+
+        Examples:
+            >>> layout = GridLayout([2, 4], ["tp", "pp"])
+            >>> layout.shift("pp", rank=1), layout.shift("pp", rank=7), layout.shift("pp", rank=7, periodic=True)
+            ((None, 3), (5, None), (5, 1))
+        """
+        index = self.dim_indices(dim)
+        if len(index) != 1:
+            raise DimsError(f"shift takes one dim, got {dim!r}")
+        step = as_int(disp)
+        if step is None:
+            raise RankError(f"disp must be an int, got {disp!r}")
+        i = index[0]
+        size, stride = self.shape[i], self.strides[i]
+        here = self.coords_of(rank)[i]
+        ends = []
+        for target in (here - step, here + step):
+            if periodic:
+                target %= size
+            ends.append(None if not 0 <= target < size else rank + (target - here) * stride)
+        return ends[0], ends[1]
+
+    def rank_repr(self, rank: int, omit: Iterable[str] = (), inner_sep: str = "_", outer_sep: str = "-") -> str:
+        """A name for ``rank`` from its coordinates, outermost dim first (checkpoint file names).
+
+        The form of DeepSpeed's ``get_rank_repr``: ``{dim}{inner_sep}{coord:02d}``
+        joined by ``outer_sep``, leaving out the dims in ``omit``.
+
+        Examples:
+            >>> layout = GridLayout([2, 2, 4], ["tp", "pp", "dp"])
+            >>> layout.rank_repr(7), layout.rank_repr(7, omit=["dp"])
+            ('dp_01-pp_01-tp_01', 'pp_01-tp_01')
+        """
+        if isinstance(omit, str):
+            omitted = [omit]
+        elif isinstance(omit, (list, tuple, set, frozenset)):
+            omitted = list(omit)
+        else:
+            raise DimsError(f"omit must be a list of dim names, got {omit!r}")
+        unknown = [name for name in omitted if not isinstance(name, str) or name not in self._index]
+        if unknown:
+            raise DimsError(f"omit names unknown dim(s) {unknown}; valid dims are {list(self.dim_names)}")
+        coords = self.coords_of(rank)
+        parts = [
+            f"{name}{inner_sep}{coords[i]:02d}"
+            for i, name in reversed(list(enumerate(self.dim_names)))
+            if name not in omitted
+        ]
+        return outer_sep.join(parts)
+
+    def node_report(self, ranks_per_node: int) -> list[dict[str, Any]]:
+        """For each family: how many nodes its groups span, with ``ranks_per_node`` consecutive ranks a node.
+
+        Node of a rank: ``rank // ranks_per_node`` (global ranks, offset included).
+        Computed from the group holding the grid's first rank and, for the
+        maximum, every group (O(world) per family).
+
+        Examples:
+            >>> [(r["key"], r["max_nodes"]) for r in GridLayout([4, 2], ["tp", "dp"]).node_report(4)]
+            [('tp', 1), ('dp', 2), ('dp-tp', 2)]
+        """
+        per_node = as_int(ranks_per_node)
+        if per_node is None or per_node < 1:
+            raise GridSpecError(f"ranks_per_node must be a positive int, got {ranks_per_node!r}")
+        report = []
+        for family in self.all_families():
+            nodes = np.sort(self.rank_enum_array(family) // per_node, axis=1)
+            spans = 1 + (np.diff(nodes, axis=1) != 0).sum(axis=1)
+            report.append(
+                {
+                    "key": self.key(family),
+                    "group_size": self.group_size(family),
+                    "num_groups": self.num_groups(family),
+                    "max_nodes": int(spans.max()),
+                    "min_nodes": int(spans.min()),
+                    "intra_node": bool(spans.max() == 1),
+                }
+            )
+        return report

@@ -14,7 +14,7 @@ __all__ = ["as_int", "is_int", "check_timeout", "format_ranks"]
 def as_int(value: object) -> int | None:
     """``value`` as a Python int if it is an integer (Python or numpy, not a bool), else None.
 
-    Example:
+    Examples:
         >>> as_int(3), as_int(np.int64(3)), as_int(True), as_int(3.0)
         (3, 3, None, None)
     """
@@ -26,7 +26,7 @@ def as_int(value: object) -> int | None:
 def is_int(value: object) -> bool:
     """Whether ``value`` is an integer (Python or numpy) and not a bool.
 
-    Example:
+    Examples:
         >>> is_int(3), is_int(np.int64(3)), is_int(True), is_int(3.0)
         (True, True, False, False)
     """
@@ -36,7 +36,7 @@ def is_int(value: object) -> bool:
 def check_timeout(value: object, name: str) -> float:
     """A timeout in seconds: a positive int or float (not a bool).
 
-    Example:
+    Examples:
         >>> check_timeout(2, "timeout_s")
         2.0
     """
@@ -48,7 +48,7 @@ def check_timeout(value: object, name: str) -> float:
 def format_ranks(ranks: Iterable[int]) -> str:
     """A compact, readable list of ranks: runs of consecutive ranks become ``a-b``.
 
-    Example:
+    Examples:
         >>> format_ranks([7, 0, 1, 2, 3, 5])
         '0-3,5,7'
         >>> format_ranks([])

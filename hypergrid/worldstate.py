@@ -14,7 +14,7 @@ __all__ = ["PerWorld", "held_group_count"]
 class PerWorld:
     """A dict that empties itself when the default group changes (destroyed and re-initialized).
 
-    Example:
+    Examples:
         >>> state = PerWorld()
         >>> state.get()["seen"] = 1
         >>> state.get()  # no world: one shared, empty-at-first state per "no world"

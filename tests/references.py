@@ -175,3 +175,54 @@ def deepspeed_get_coord(axes: list[str], dims: list[int], rank: int) -> dict[str
         if global_rank == rank:
             return dict(zip(axes, coord))
     raise ValueError(f"rank {rank} not in topology")
+
+
+def deepspeed_mapping(axes: list[str], dims: list[int]) -> dict[tuple[int, ...], int]:
+    """DeepSpeed's coordinate -> rank mapping: the cartesian product, last axis fastest."""
+    return {coord: rank for rank, coord in enumerate(itertools.product(*(range(d) for d in dims)))}
+
+
+def deepspeed_filter_match(axes: list[str], dims: list[int], **criteria: int) -> list[int]:
+    """DeepSpeed's ``filter_match``: scan every coordinate, keep the matching ranks."""
+    return [
+        rank
+        for coord, rank in deepspeed_mapping(axes, dims).items()
+        if all(coord[axes.index(axis)] == value for axis, value in criteria.items())
+    ]
+
+
+def deepspeed_rank_repr(axes: list[str], dims: list[int], rank: int, omit: list[str], inner: str, outer: str) -> str:
+    """DeepSpeed's ``get_rank_repr``: ``axis{inner}{coord:02d}`` over the kept axes, outermost first."""
+    coord = deepspeed_get_coord(axes, dims, rank)
+    return outer.join(f"{axis}{inner}{coord[axis]:02d}" for axis in axes if axis not in omit)
+
+
+def cart_shift(shape: list[int], rank: int, dim: int, disp: int, periodic: bool) -> tuple[int | None, int | None]:
+    """MPI_Cart_shift by search: among all ranks, the one whose coordinates differ only along ``dim``."""
+    world = _product(shape)
+
+    def coords(r: int) -> list[int]:
+        out = []
+        for size in shape:
+            out.append(r % size)
+            r //= size
+        return out
+
+    mine = coords(rank)
+    ends: list[int | None] = []
+    for step in (-disp, disp):
+        target = mine[dim] + step
+        if periodic:
+            target %= shape[dim]
+        found = None
+        for other in range(world):
+            theirs = coords(other)
+            if theirs[dim] == target and all(theirs[i] == mine[i] for i in range(len(shape)) if i != dim):
+                found = other
+        ends.append(found)
+    return ends[0], ends[1]
+
+
+def nodes_spanned(groups: list[list[int]], ranks_per_node: int) -> list[int]:
+    """How many distinct nodes each group touches (node = rank // ranks_per_node)."""
+    return [len({rank // ranks_per_node for rank in group}) for group in groups]

@@ -157,3 +157,17 @@ def test_create_pg_in_a_live_world(dims: Any, kwargs: Any) -> None:
     if not isinstance(outcome, BaseException):
         assert grid.get_pg(dims) is outcome and len(grid.created_keys) == 1
     grid.destroy()
+
+
+@given(values, values, values, st.one_of(values, st.sampled_from(["tp", "cp", "dp"])))
+def test_getter_entry_points(rank: Any, first: Any, second: Any, dim: Any) -> None:
+    _checked(lambda: LAYOUT.coord_of(rank), rank)
+    _checked(lambda: LAYOUT.rank_at(tp=first, cp=second, dp=rank), first, second, rank)
+    _checked(lambda: LAYOUT.replace(rank, **({dim: first} if isinstance(dim, str) else {})), rank, first, dim)
+    _checked(lambda: LAYOUT.shift(dim, rank, first, bool(second)), dim, rank, first)
+    _checked(lambda: LAYOUT.rank_repr(rank, omit=first if isinstance(first, (list, tuple)) else ()), rank, first)
+    _checked(lambda: LAYOUT.node_report(first), first)
+    if rank is not None:  # None means "the caller": covered with a live world in test_getters
+        _checked(lambda: GRID.group_rank(dim, rank), dim, rank)
+        _checked(lambda: GRID.src_rank(dim, rank), dim, rank)
+    _checked(lambda: GRID.view(first, second), first, second)

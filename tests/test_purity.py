@@ -19,7 +19,8 @@ ALLOWED = {
     "guard": {"errors", "values", "worldstate"},
     "grid": {"creation", "errors", "guard", "layout", "values", "worldstate"},
     "launch": {"errors", "values"},
-    "demo": {"errors", "grid", "launch"},
+    "cli": {"errors", "layout"},
+    "demo": {"cli", "errors", "grid", "launch"},
 }
 PURE = ("errors", "values", "layout")
 

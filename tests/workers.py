@@ -201,3 +201,63 @@ def create_destroy_cycles(cycles: int) -> dict[str, int]:
     total = _allreduce_rank(check)
     grid.destroy()
     return {"left": len(registry) - before, "peak": peak, "sum": total}
+
+
+def framework_scenarios() -> dict[str, Any]:
+    """Getters, a folded view, an MPU and a DeviceMesh with a DTensor op, on 8 ranks."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from hypergrid.compat.megatron import moe_grids
+    from hypergrid.compat.mpu import MPU
+
+    grid = HyperCommGrid([2, 2, 2], ["tp", "dp", "pp"])
+    out: dict[str, Any] = {"coord": tuple(grid.my_coord())}
+    getters = {}
+    for family in grid.layout.all_families():
+        group = grid.pg(family)
+        getters[grid.layout.key(family)] = (
+            grid.group_rank(family) == dist.get_rank(group),
+            grid.group_size(family) == dist.get_world_size(group),
+            grid.src_rank(family) == dist.get_global_rank(group, 0),
+        )
+    out["getters"] = getters
+    # MoE folding: the expert view shares pp with the dense grid.
+    dense, expert = moe_grids(tp=2, pp=2, etp=1, ep=4)
+    out["moe_shapes"] = (dense.shape, expert.shape)
+    out["pp_same_object"] = expert.pg("pp") is dense.pg("pp")
+    out["ep_ranks"] = dist.get_process_group_ranks(expert.pg("ep"))
+    out["ep_sum"] = _allreduce_rank(expert.pg("ep"))
+    out["ep_not_dense"] = expert.pg("ep") is not dense.pg("dp")
+    expert.destroy()
+    out["pp_alive_after_view_destroy"] = _allreduce_rank(dense.get_pg("pp"))
+    dense.destroy()
+    # An MPU over the grid.
+    mpu = MPU(grid)
+    out["mpu"] = (
+        mpu.get_data_parallel_rank() == dist.get_rank(mpu.get_data_parallel_group()),
+        mpu.get_tensor_model_parallel_world_size(),
+        mpu.get_model_parallel_world_size(),
+        mpu.is_first_stage(),
+        mpu.is_last_stage(),
+        mpu.get_data_parallel_group() is grid.get_pg("dp"),
+    )
+    # A DeviceMesh over (dp, tp) made of the grid's groups, and a real DTensor op on it.
+    mesh = grid.to_device_mesh(["dp", "tp"])
+    out["mesh_groups_are_grids"] = mesh.get_group("dp") is grid.get_pg("dp") and mesh.get_group("tp") is grid.get_pg(
+        "tp"
+    )
+    out["mesh"] = mesh.mesh.tolist()
+    full = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+    sharded = distribute_tensor(full, mesh, [Shard(0), Replicate()])
+    out["local_shape"] = tuple(sharded.to_local().shape)
+    out["dtensor_sum"] = float((sharded * 2).sum().full_tensor())
+    out["redistributed"] = torch.equal(sharded.redistribute(mesh, [Replicate(), Replicate()]).to_local(), full)
+    # The launcher's placement matches 8 ranks per node; not 4 (LOCAL_RANK is rank % 8 here).
+    grid.check_local_rank()
+    try:
+        grid.check_local_rank(ranks_per_node=4)
+        out["wrong_node_size"] = "accepted"
+    except HyperGridError as error:
+        out["wrong_node_size"] = str(error)
+    grid.destroy()
+    return out
