@@ -134,14 +134,15 @@ class HyperCommGrid:
         guard: bool = True,
         guard_timeout_s: float = 300.0,
     ) -> None:
-        self.layout = GridLayout(resolve_shape(shape, world_size_hint(), rank_offset), dim_names, rank_offset)
+        world = world_size_hint()
+        self.layout = GridLayout(resolve_shape(shape, world, rank_offset), dim_names, rank_offset)
         self.backend = _normalize_backend(backend, "backend")
         self.strategy = check_strategy(strategy)
         if not isinstance(guard, bool):
             raise InvalidArgumentError(f"guard must be True or False, got {guard!r}")
         self.guard = guard
         self.guard_timeout_s = check_timeout(guard_timeout_s, "guard_timeout_s")
-        self._check_fits(world_size_hint())
+        self._check_fits(world)
         # Canonical key -> the caller's group (None where the caller is in no group).
         self._groups: dict[str, dist.ProcessGroup | None] = {}
         # Creations asked of this grid so far (never reset): part of what the guard compares.

@@ -11,7 +11,8 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 
@@ -19,6 +20,21 @@ from hypergrid.grid import HyperCommGrid
 from hypergrid.layout import Dims
 
 __all__ = ["MPU"]
+
+
+def _role(attribute: str) -> tuple[Callable[[MPU], Any], Callable[[MPU], int], Callable[[MPU], int]]:
+    """The group / rank / world-size getters of the role whose dims are ``MPU.<attribute>``."""
+
+    def group(self: MPU) -> dist.ProcessGroup | None:
+        return self.grid.pg(list(getattr(self, attribute)))
+
+    def rank(self: MPU) -> int:
+        return self.grid.group_rank(getattr(self, attribute))
+
+    def world_size(self: MPU) -> int:
+        return self.grid.group_size(getattr(self, attribute))
+
+    return group, rank, world_size
 
 
 class MPU:
@@ -57,61 +73,26 @@ class MPU:
                 if dims:
                     grid.pg(list(dims))
 
-    def _group(self, dims: Sequence[str]) -> dist.ProcessGroup | None:
-        return self.grid.pg(list(dims))
-
     def get_global_rank(self) -> int:
         return dist.get_rank()
 
-    # data parallel
-    def get_data_parallel_group(self) -> dist.ProcessGroup | None:
-        return self._group(self.data_dims)
-
-    def get_data_parallel_rank(self) -> int:
-        return self.grid.group_rank(self.data_dims)
-
-    def get_data_parallel_world_size(self) -> int:
-        return self.grid.group_size(self.data_dims)
-
-    # tensor (model) parallel, Megatron names
-    def get_tensor_model_parallel_group(self) -> dist.ProcessGroup | None:
-        return self._group(self.tensor_dims)
-
-    def get_tensor_model_parallel_rank(self) -> int:
-        return self.grid.group_rank(self.tensor_dims)
-
-    def get_tensor_model_parallel_world_size(self) -> int:
-        return self.grid.group_size(self.tensor_dims)
-
-    def get_tensor_model_parallel_src_rank(self) -> int:
-        return self.grid.src_rank(self.tensor_dims)
-
-    # pipeline parallel, DeepSpeed and Megatron names
-    def get_pipe_parallel_group(self) -> dist.ProcessGroup | None:
-        return self._group(self.pipe_dims)
-
-    def get_pipe_parallel_rank(self) -> int:
-        return self.grid.group_rank(self.pipe_dims)
-
-    def get_pipe_parallel_world_size(self) -> int:
-        return self.grid.group_size(self.pipe_dims)
-
+    # One (group, rank, world size) triple per role, from the role's dims.
+    get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size = _role("data_dims")
+    get_tensor_model_parallel_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size = _role(
+        "tensor_dims"
+    )
+    get_pipe_parallel_group, get_pipe_parallel_rank, get_pipe_parallel_world_size = _role("pipe_dims")
+    get_model_parallel_group, get_model_parallel_rank, get_model_parallel_world_size = _role("model_dims")
+    # Megatron's names for the pipeline getters.
     get_pipeline_model_parallel_group = get_pipe_parallel_group
     get_pipeline_model_parallel_rank = get_pipe_parallel_rank
     get_pipeline_model_parallel_world_size = get_pipe_parallel_world_size
+
+    def get_tensor_model_parallel_src_rank(self) -> int:
+        return self.grid.src_rank(self.tensor_dims)
 
     def is_first_stage(self) -> bool:
         return self.get_pipe_parallel_rank() == 0
 
     def is_last_stage(self) -> bool:
         return self.get_pipe_parallel_rank() == self.get_pipe_parallel_world_size() - 1
-
-    # model parallel: everything but data
-    def get_model_parallel_group(self) -> dist.ProcessGroup | None:
-        return self._group(self.model_dims)
-
-    def get_model_parallel_rank(self) -> int:
-        return self.grid.group_rank(self.model_dims)
-
-    def get_model_parallel_world_size(self) -> int:
-        return self.grid.group_size(self.model_dims)
