@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import pytest
+import torch.distributed as dist
 from hypothesis import HealthCheck, settings
 
 # CI runs every property with at least 200 examples; locally the same by default,
@@ -14,3 +18,26 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("quick", max_examples=25, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+@contextmanager
+def _one_rank_gloo() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def one_rank_world() -> Iterator[None]:
+    """A one-rank gloo world in this process, for one test."""
+    with _one_rank_gloo():
+        yield
+
+
+@pytest.fixture(scope="module")
+def one_rank_world_module() -> Iterator[None]:
+    """A one-rank gloo world shared by a module's tests (hypothesis tests cannot use per-test fixtures)."""
+    with _one_rank_gloo():
+        yield

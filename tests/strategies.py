@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
+from hypergrid.layout import GridLayout
+
 NAME_POOL = ["tp", "cp", "ep", "dp", "pp", "etp", "edp", "x", "y", "z"]
 
 
@@ -36,3 +38,8 @@ def dims_of(draw: st.DrawFn, names: list[str]) -> list[str]:
     """A non-empty subset of ``names`` in random order."""
     chosen = draw(st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True))
     return list(draw(st.permutations(chosen)))
+
+
+def layout_of(case: GridCase) -> GridLayout:
+    """The layout a drawn case describes."""
+    return GridLayout(case.shape, case.dim_names, case.rank_offset)

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -130,16 +129,7 @@ def test_grid_offline_entry_points(dims: Any) -> None:
     _checked(lambda: GRID.create_pg(dims), dims)  # not initialized: a clear error, whatever dims are
 
 
-@pytest.fixture(scope="module")
-def one_rank_world() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.usefixtures("one_rank_world")
+@pytest.mark.usefixtures("one_rank_world_module")
 @given(
     st.one_of(values, names, st.sampled_from(["tp", "dp-tp", ["dp", "tp"]])),
     st.dictionaries(

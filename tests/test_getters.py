@@ -11,17 +11,13 @@ from hypothesis import strategies as st
 from hypergrid import DimsError, GridLayout, GridSpecError, HyperCommGrid, RankError, WorldSizeError
 from hypergrid.layout import resolve_shape
 from tests.references import cart_shift, deepspeed_rank_repr, nodes_spanned
-from tests.strategies import GridCase, dims_of, grids
-
-
-def _layout(case: GridCase) -> GridLayout:
-    return GridLayout(case.shape, case.dim_names, case.rank_offset)
+from tests.strategies import dims_of, grids, layout_of
 
 
 @given(st.data())
 def test_named_coordinates_round_trip(data: st.DataObject) -> None:
     case = data.draw(grids())
-    layout = _layout(case)
+    layout = layout_of(case)
     rank = data.draw(st.integers(case.rank_offset, case.rank_offset + layout.size - 1))
     coord = layout.coord_of(rank)
     assert coord._fields == tuple(case.dim_names) and tuple(coord) == layout.coords_of(rank)
@@ -33,7 +29,7 @@ def test_named_coordinates_round_trip(data: st.DataObject) -> None:
 @given(st.data())
 def test_replace_changes_only_the_named_coordinates(data: st.DataObject) -> None:
     case = data.draw(grids())
-    layout = _layout(case)
+    layout = layout_of(case)
     rank = data.draw(st.integers(case.rank_offset, case.rank_offset + layout.size - 1))
     name = data.draw(st.sampled_from(case.dim_names))
     value = data.draw(st.integers(0, layout.dim_size(name) - 1))
@@ -92,7 +88,7 @@ def test_rank_repr_equals_deepspeed(data: st.DataObject) -> None:
 @given(st.data())
 def test_node_report_counts_nodes_like_a_loop(data: st.DataObject) -> None:
     case = data.draw(grids(max_ranks=128))
-    layout = _layout(case)
+    layout = layout_of(case)
     per_node = data.draw(st.integers(1, 9))
     for row in layout.node_report(per_node):
         spans = nodes_spanned(layout.rank_enum(row["key"]), per_node)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -71,15 +70,6 @@ def test_get_pg_before_create_lists_what_exists() -> None:
         grid.get_pg(["dp", "tp"])
     assert isinstance(error.value, KeyError)
     assert "'dp-tp'" in str(error.value)
-
-
-@pytest.fixture
-def one_rank_world() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.usefixtures("one_rank_world")

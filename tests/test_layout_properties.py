@@ -11,17 +11,13 @@ from hypothesis import strategies as st
 
 from hypergrid.layout import GridLayout
 from tests.references import megatron_rank_groups
-from tests.strategies import GridCase, dims_of, grids
-
-
-def _layout(case: GridCase) -> GridLayout:
-    return GridLayout(case.shape, case.dim_names, case.rank_offset)
+from tests.strategies import GridCase, dims_of, grids, layout_of
 
 
 @given(st.data())
 def test_families_partition_the_grid(data: st.DataObject) -> None:
     case = data.draw(grids())
-    layout = _layout(case)
+    layout = layout_of(case)
     dims = data.draw(dims_of(case.dim_names))
     enum = layout.rank_enum(dims)
     group_size = math.prod(case.shape[case.dim_names.index(d)] for d in dims)
@@ -35,7 +31,7 @@ def test_families_partition_the_grid(data: st.DataObject) -> None:
 @given(st.data())
 def test_any_order_gives_the_same_enumeration_and_key(data: st.DataObject) -> None:
     case = data.draw(grids())
-    layout = _layout(case)
+    layout = layout_of(case)
     dims = data.draw(dims_of(case.dim_names))
     other = data.draw(st.permutations(dims))
     assert layout.rank_enum(other) == layout.rank_enum(dims)
@@ -47,7 +43,7 @@ def test_any_order_gives_the_same_enumeration_and_key(data: st.DataObject) -> No
 @given(st.data())
 def test_key_lists_dims_outermost_first(data: st.DataObject) -> None:
     case = data.draw(grids())
-    layout = _layout(case)
+    layout = layout_of(case)
     dims = data.draw(dims_of(case.dim_names))
     expected = sorted(dims, key=case.dim_names.index, reverse=True)
     assert layout.key(dims) == "-".join(expected)
@@ -66,7 +62,7 @@ def test_enumeration_equals_megatron_rank_generator(data: st.DataObject) -> None
 @given(st.data())
 def test_coordinates_round_trip(data: st.DataObject) -> None:
     case = data.draw(grids())
-    layout = _layout(case)
+    layout = layout_of(case)
     rank = data.draw(st.integers(case.rank_offset, case.rank_offset + layout.size - 1))
     coords = layout.coords_of(rank)
     assert all(0 <= c < s for c, s in zip(coords, case.shape))
@@ -78,7 +74,7 @@ def test_coordinates_round_trip(data: st.DataObject) -> None:
 @given(st.data())
 def test_vectorized_coordinates_agree_with_scalar(data: st.DataObject) -> None:
     case = data.draw(grids())
-    layout = _layout(case)
+    layout = layout_of(case)
     ranks = data.draw(
         st.lists(st.integers(case.rank_offset, case.rank_offset + layout.size - 1), min_size=1, max_size=20)
     )
@@ -90,7 +86,7 @@ def test_vectorized_coordinates_agree_with_scalar(data: st.DataObject) -> None:
 @given(st.data())
 def test_own_group_is_the_family_member_holding_the_rank(data: st.DataObject) -> None:
     case = data.draw(grids())
-    layout = _layout(case)
+    layout = layout_of(case)
     dims = data.draw(dims_of(case.dim_names))
     rank = data.draw(st.integers(case.rank_offset, case.rank_offset + layout.size - 1))
     enum = layout.rank_enum(dims)
@@ -103,7 +99,7 @@ def test_own_group_is_the_family_member_holding_the_rank(data: st.DataObject) ->
 @given(st.data())
 def test_complementary_families_meet_in_exactly_one_rank(data: st.DataObject) -> None:
     case = data.draw(grids(max_ndim=4, max_ranks=128).filter(lambda c: len(c.dim_names) >= 2))
-    layout = _layout(case)
+    layout = layout_of(case)
     dims = data.draw(dims_of(case.dim_names).filter(lambda d: len(d) < len(case.dim_names)))
     rest = [name for name in case.dim_names if name not in dims]
     for group, other in itertools.product(layout.rank_enum(dims), layout.rank_enum(rest)):
@@ -113,7 +109,7 @@ def test_complementary_families_meet_in_exactly_one_rank(data: st.DataObject) ->
 @given(st.data())
 def test_groups_are_ordered_innermost_remaining_dim_fastest(data: st.DataObject) -> None:
     case = data.draw(grids())
-    layout = _layout(case)
+    layout = layout_of(case)
     dims = data.draw(dims_of(case.dim_names))
     enum = layout.rank_enum(dims)
     rest = [i for i, name in enumerate(case.dim_names) if name not in dims]
@@ -128,7 +124,7 @@ def test_groups_are_ordered_innermost_remaining_dim_fastest(data: st.DataObject)
 
 @given(grids())
 def test_all_families_lists_every_combination_once(case: GridCase) -> None:
-    layout = _layout(case)
+    layout = layout_of(case)
     families = layout.all_families()
     assert len(families) == 2 ** len(case.dim_names) - 1
     assert len({frozenset(f) for f in families}) == len(families)
