@@ -426,14 +426,20 @@ class HyperCommGrid:
         """
         return self.layout.coord_of(rank)
 
-    def rank_of(self, **coords: int) -> int:
-        """The rank at the named coordinates (all dims required).
+    def rank_of(self, base: int | None = None, /, **coords: int) -> int:
+        """The rank at the named coordinates: all dims, or those to change in ``base``'s.
+
+        With a ``base`` rank, the dims not named keep ``base``'s coordinates —
+        DeepSpeed's ``stage_to_global(stage)`` is ``grid.rank_of(rank, pp=stage)``.
 
         Examples:
-            >>> HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"]).rank_of(tp=0, cp=1, dp=1)
-            6
+            >>> grid = HyperCommGrid([2, 2, 2], ["tp", "pp", "dp"])
+            >>> grid.rank_of(tp=0, pp=1, dp=1), grid.rank_of(5, pp=1)
+            (6, 7)
         """
-        return self.layout.rank_at(**coords)
+        if base is None:
+            return self.layout.rank_at(**coords)
+        return self.layout.replace(base, **coords)
 
     def my_coord(self) -> Any:
         """The calling rank's coordinates (needs an initialized world; the rank must be in the grid)."""

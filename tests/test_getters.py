@@ -34,6 +34,8 @@ def test_replace_changes_only_the_named_coordinates(data: st.DataObject) -> None
     name = data.draw(st.sampled_from(case.dim_names))
     value = data.draw(st.integers(0, layout.dim_size(name) - 1))
     moved = layout.coord_of(layout.replace(rank, **{name: value}))
+    grid = HyperCommGrid(case.shape, case.dim_names, case.rank_offset)
+    assert grid.rank_of(rank, **{name: value}) == layout.replace(rank, **{name: value})
     assert getattr(moved, name) == value
     assert all(getattr(moved, n) == getattr(layout.coord_of(rank), n) for n in case.dim_names if n != name)
 
