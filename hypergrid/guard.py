@@ -106,6 +106,8 @@ def agree(request: CreationRequest, participants: list[int], scope: str, timeout
     """
     if len(participants) < 2 or dist.get_backend() == "fake":
         return  # nobody to disagree with: a lone rank, or torch's one-process fake backend
+    # The default group's store: torch exposes it only through this accessor, which torch's own
+    # helpers and Megatron use too.
     store = c10d._get_default_store()
     me = dist.get_rank()
     prefix = f"{_PREFIX}/{scope}"
