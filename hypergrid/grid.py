@@ -298,8 +298,10 @@ class HyperCommGrid:
         self._check_fits(world)
         if chosen == "split":
             check_can_split(options["backend"])
+        # Only members-only creation needs the caller's own group: skip that O(group) work otherwise.
         rank = dist.get_rank()
-        my_ranks = self.layout.group_ranks(key, rank) if self.layout.contains(rank) else None
+        local = chosen == "local" and self.layout.contains(rank)
+        my_ranks = self.layout.group_ranks(key, rank) if local else None
         sequence = self._creations
         self._creations += 1
         if self.guard:
@@ -631,9 +633,9 @@ class HyperCommGrid:
             raise WorldSizeError(f"rank {rank} is outside the grid {self.shape} (offset {self.rank_offset})")
         groups = [group for group in (self.pg(name) for name in names) if group is not None]
         coord = self.layout.coord_of(rank)._asdict()
-        axes = [range(self.layout.dim_size(name)) for name in names]
-        mesh = [self.layout.rank_at(**{**coord, **dict(zip(names, point))}) for point in itertools.product(*axes)]
         shape = [self.layout.dim_size(name) for name in names]
+        points = itertools.product(*(range(size) for size in shape))
+        mesh = [self.layout.rank_at(**{**coord, **dict(zip(names, point))}) for point in points]
         tensor = torch.tensor(mesh, dtype=torch.int).reshape(shape)
         return DeviceMesh.from_group(groups, device_type, mesh=tensor, mesh_dim_names=tuple(names))
 

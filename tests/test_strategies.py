@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from benchmarks.creation import counting_new_group
 from hypergrid import BackendError, GridLayout, HyperCommGrid, InvalidArgumentError, spawn
 from tests import workers
 
@@ -127,21 +127,14 @@ def test_split_membership_on_gpus() -> None:  # pragma: no cover - runs where GP
     assert outcomes
 
 
-def test_local_on_the_fake_backend_makes_one_new_group_call_per_family(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    real = c10d._new_group_with_tag
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(c10d, "_new_group_with_tag", counting)
+def test_local_on_the_fake_backend_makes_one_new_group_call_per_family() -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=9, world_size=4096)
     try:
-        grid = HyperCommGrid([8, 512], ["tp", "dp"], strategy="local")
-        grid.create_pg("tp", timeout=datetime.timedelta(seconds=30))
-        assert len(calls) == 1
-        grid.create_pg("dp", strategy="enumerate")
-        assert len(calls) == 1 + 8  # one call per dp group
+        with counting_new_group() as calls:  # the benchmark's counter of torch's new_group calls
+            grid = HyperCommGrid([8, 512], ["tp", "dp"], strategy="local")
+            grid.create_pg("tp", timeout=datetime.timedelta(seconds=30))
+            assert len(calls) == 1
+            grid.create_pg("dp", strategy="enumerate")
+            assert len(calls) == 1 + 8  # one call per dp group
     finally:
         dist.destroy_process_group()
