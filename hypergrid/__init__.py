@@ -2,11 +2,11 @@
 
 The public surface:
 
-- :class:`GridLayout` — the pure layout core (numpy/einops, no torch).
-- :class:`HyperCommGrid` — Megatron-Core's API over torch.distributed, with
+- ``GridLayout`` — the pure layout core (numpy/einops, no torch).
+- ``HyperCommGrid`` — Megatron-Core's API over torch.distributed, with
   groups created lazily, keyed by canonical order.
-- :func:`spawn` — a local multi-process launcher with a hard timeout.
-- the exceptions in :mod:`hypergrid.errors`.
+- ``spawn`` — a local multi-process launcher with a hard timeout.
+- the exceptions in ``hypergrid.errors``.
 
 Examples:
     >>> import hypergrid

@@ -12,7 +12,7 @@
 - ``"split"``: ``torch.distributed.split_group`` — one ``ncclCommSplit`` of the
   default group per family. Needs a default group bound to a device
   (``init_process_group(..., device_id=...)``) whose backend can split (NCCL);
-  anything else is refused up front with :class:`~hypergrid.errors.BackendError`
+  anything else is refused up front with ``BackendError``
   (gloo cannot split), never a fallback that would silently change the cost.
 """
 

@@ -1,6 +1,6 @@
 """The exceptions hypergrid raises.
 
-Every error hypergrid raises on bad input is a :class:`HyperGridError`, and also
+Every error hypergrid raises on bad input is a ``HyperGridError``, and also
 the builtin exception a caller would expect (``ValueError`` for a bad value,
 ``TypeError`` for a bad type, ``KeyError`` for a missing or duplicate group), so
 ``except ValueError`` keeps working in code written for other libraries.
@@ -79,7 +79,7 @@ class NotInitializedError(HyperGridError, RuntimeError):
 
 
 class WorkerError(HyperGridError, RuntimeError):
-    """A process started by :func:`hypergrid.launch.spawn` failed or timed out.
+    """A process started by ``hypergrid.launch.spawn`` failed or timed out.
 
     Attributes:
         rank: the rank that failed first (``None`` when several timed out).

@@ -1,8 +1,8 @@
-"""``HyperCommGrid``: the torch.distributed binding over :class:`~hypergrid.layout.GridLayout`.
+"""``HyperCommGrid``: the torch.distributed binding over ``GridLayout``.
 
 The API follows Megatron-Core's ``HyperCommGrid``: a grid is planned offline
 (no process group needed), and the process groups of a combination of dims are
-created only when :meth:`HyperCommGrid.create_pg` is called, collectively over
+created only when ``HyperCommGrid.create_pg`` is called, collectively over
 the default group, through ``torch.distributed.new_subgroups_by_enumeration``.
 """
 
@@ -10,28 +10,28 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import itertools
 import os
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from hypergrid.creation import check_can_split, check_strategy, create_family
 from hypergrid.errors import (
     BackendError,
-    GridSpecError,
     GroupExistsError,
     GroupNotFoundError,
     InvalidArgumentError,
-    NotInitializedError,
     UnexpectedArgumentError,
     WorldSizeError,
 )
+from hypergrid.getters import CoordinateGetters
 from hypergrid.guard import CreationRequest, agree, members_scope, world_scope
-from hypergrid.layout import KEY_SEPARATOR, Dims, GridLayout, resolve_shape
+from hypergrid.layout import Dims, GridLayout, resolve_shape
+from hypergrid.mesh import MeshExport
+from hypergrid.nodes import NodeAwareness
 from hypergrid.values import check_timeout
+from hypergrid.views import Views
 from hypergrid.worldstate import held_group_count
 
 __all__ = ["HyperCommGrid", "world_size_hint"]
@@ -77,7 +77,7 @@ def _normalize_backend(backend: object, what: str) -> str | None:
     return backend.lower()
 
 
-class HyperCommGrid:
+class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
     """An N-dimensional grid of ranks with named dims and lazily created process groups.
 
     ``dim_names[0]`` is the innermost dim (consecutive ranks), as in
@@ -100,10 +100,10 @@ class HyperCommGrid:
         strategy: how families are created: ``"enumerate"`` (default, every
             rank creates every group), ``"local"`` (members create only their
             own group) or ``"split"`` (NCCL ``split_group``); see
-            :mod:`hypergrid.creation`. ``create_pg`` can override it per call.
+            ``hypergrid.creation``. ``create_pg`` can override it per call.
         guard: check, before each creation, that every participating rank asks
             for the same family of the same grid at the same point (see
-            :mod:`hypergrid.guard`); a mismatch or a missing rank raises on all
+            ``hypergrid.guard``); a mismatch or a missing rank raises on all
             of them instead of hanging. On by default.
         guard_timeout_s: how long the guard waits for the other ranks.
 
@@ -190,13 +190,6 @@ class HyperCommGrid:
                 f"(0..{world - 1})"
             )
 
-    def _require_initialized(self, what: str) -> None:
-        if not (dist.is_available() and dist.is_initialized()):
-            raise NotInitializedError(
-                f"{what} needs torch.distributed to be initialized: call "
-                "torch.distributed.init_process_group first (get_rank_enum works offline)"
-            )
-
     def _creation_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(kwargs) - set(_PASS_THROUGH) - {"backend"})
         if unknown:
@@ -227,7 +220,7 @@ class HyperCommGrid:
     def get_rank_enum(self, dims: Dims) -> list[list[int]]:
         """The ranks of every group of the family over ``dims`` (pure, no torch call).
 
-        Exactly what :meth:`create_pg` passes to ``new_subgroups_by_enumeration``;
+        Exactly what ``create_pg`` passes to ``new_subgroups_by_enumeration``;
         dims in any order give the same result.
 
         Raises:
@@ -325,7 +318,7 @@ class HyperCommGrid:
     def pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None:
         """The caller's group over ``dims``, created on first use.
 
-        **Collective on first use** (it calls :meth:`create_pg`, with the same
+        **Collective on first use** (it calls ``create_pg``, with the same
         rules): every rank that takes part must call it for the same dims in the
         same order. With the guard on (the default) a rank that asks for
         something else makes every participant raise ``DesyncError`` instead of
@@ -410,245 +403,3 @@ class HyperCommGrid:
             # ValueError: torch no longer knows this group; it was destroyed elsewhere.
             with contextlib.suppress(ValueError):
                 dist.destroy_process_group(group)
-
-    # -- coordinates and per-family getters -----------------------------------
-
-    def _rank(self, rank: int | None) -> int:
-        if rank is not None:
-            return rank
-        self._require_initialized("a getter without an explicit rank")
-        return dist.get_rank()
-
-    def coord_of(self, rank: int) -> Any:
-        """Coordinates of ``rank`` as a named tuple (fields: the dim names).
-
-        Examples:
-            >>> HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"]).coord_of(6)
-            Coord(tp=0, cp=1, dp=1)
-        """
-        return self.layout.coord_of(rank)
-
-    def rank_of(self, base: int | None = None, /, **coords: int) -> int:
-        """The rank at the named coordinates: all dims, or those to change in ``base``'s.
-
-        With a ``base`` rank, the dims not named keep ``base``'s coordinates —
-        DeepSpeed's ``stage_to_global(stage)`` is ``grid.rank_of(rank, pp=stage)``.
-
-        Examples:
-            >>> grid = HyperCommGrid([2, 2, 2], ["tp", "pp", "dp"])
-            >>> grid.rank_of(tp=0, pp=1, dp=1), grid.rank_of(5, pp=1)
-            (6, 7)
-        """
-        if base is None:
-            return self.layout.rank_at(**coords)
-        return self.layout.replace(base, **coords)
-
-    def my_coord(self) -> Any:
-        """The calling rank's coordinates (needs an initialized world; the rank must be in the grid)."""
-        return self.layout.coord_of(self._rank(None))
-
-    def group_ranks(self, dims: Dims, rank: int | None = None) -> list[int]:
-        """The ranks of the group over ``dims`` holding ``rank`` (default: the caller). Pure, O(group).
-
-        Examples:
-            >>> HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"]).group_ranks("dp-tp", rank=6)
-            [2, 3, 6, 7]
-        """
-        return self.layout.group_ranks(dims, self._rank(rank))
-
-    def group_rank(self, dims: Dims, rank: int | None = None) -> int:
-        """``rank``'s index in its group over ``dims`` (its rank in that process group).
-
-        Examples:
-            >>> HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"]).group_rank("dp-tp", rank=6)
-            2
-        """
-        me = self._rank(rank)
-        return self.layout.group_ranks(dims, me).index(me)
-
-    def group_size(self, dims: Dims) -> int:
-        """Number of ranks in each group over ``dims``.
-
-        Examples:
-            >>> HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"]).group_size(["tp", "dp"])
-            4
-        """
-        return self.layout.group_size(dims)
-
-    def src_rank(self, dims: Dims, rank: int | None = None) -> int:
-        """The global rank of group rank 0 in ``rank``'s group over ``dims`` (ezpz's "src rank").
-
-        Examples:
-            >>> HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"]).src_rank("dp", rank=7)
-            3
-        """
-        return self.layout.group_ranks(dims, self._rank(rank))[0]
-
-    def shift(
-        self, dim: str, disp: int = 1, periodic: bool = False, rank: int | None = None
-    ) -> tuple[int | None, int | None]:
-        """``(source, dest)`` along ``dim`` like ``MPI_Cart_shift``; None at open edges.
-
-        Examples:
-            >>> HyperCommGrid([2, 4], ["tp", "pp"]).shift("pp", rank=3)
-            (1, 5)
-        """
-        return self.layout.shift(dim, self._rank(rank), disp, periodic)
-
-    def is_first(self, dim: str, rank: int | None = None) -> bool:
-        """Whether ``rank`` has coordinate 0 along ``dim`` (first pipeline stage for ``"pp"``).
-
-        Examples:
-            >>> HyperCommGrid([2, 4], ["tp", "pp"]).is_first("pp", rank=1)
-            True
-        """
-        return self.layout.shift(dim, self._rank(rank))[0] is None
-
-    def is_last(self, dim: str, rank: int | None = None) -> bool:
-        """Whether ``rank`` has the last coordinate along ``dim``.
-
-        Examples:
-            >>> HyperCommGrid([2, 4], ["tp", "pp"]).is_last("pp", rank=7)
-            True
-        """
-        return self.layout.shift(dim, self._rank(rank))[1] is None
-
-    def rank_repr(
-        self, rank: int | None = None, omit: Sequence[str] = (), inner_sep: str = "_", outer_sep: str = "-"
-    ) -> str:
-        """A checkpoint-friendly name from ``rank``'s coordinates, outermost dim first.
-
-        Examples:
-            >>> HyperCommGrid([2, 2, 2], ["tp", "pp", "dp"]).rank_repr(5, omit=["dp"])
-            'pp_00-tp_01'
-        """
-        return self.layout.rank_repr(self._rank(rank), omit, inner_sep, outer_sep)
-
-    # -- views: other factorizations of the same ranks -----------------------
-
-    def view(
-        self, shape: Sequence[int], dim_names: Sequence[str], shared_dims: Sequence[str] | None = None
-    ) -> HyperCommGrid:
-        """Another factorization of the same ranks (MoE parallel folding), sharing groups where dims are shared.
-
-        ``shared_dims`` (default: the names the two grids have in common) must
-        enumerate identical groups in both; a family over shared dims only is the
-        same process group object in both grids. The view has this grid's
-        offset, backend, strategy and guard.
-
-        Raises:
-            GridSpecError: the view covers another number of ranks, a shared dim
-                is missing from one grid, or enumerates other groups in the view.
-
-        Examples:
-            >>> dense = HyperCommGrid([2, 2, 2], ["tp", "dp", "pp"])
-            >>> expert = dense.view([4, 1, 2], ["ep", "edp", "pp"])
-            >>> expert.shared_dims, expert.get_rank_enum("ep")
-            (('pp',), [[0, 1, 2, 3], [4, 5, 6, 7]])
-        """
-        view = HyperCommGrid(
-            shape,
-            dim_names,
-            self.rank_offset,
-            self.backend,
-            strategy=self.strategy,
-            guard=self.guard,
-            guard_timeout_s=self.guard_timeout_s,
-        )
-        if view.size != self.size:
-            raise GridSpecError(
-                f"a view must cover the same {self.size} ranks as the grid {self.shape}; "
-                f"shape {view.shape} has {view.size}"
-            )
-        common = [name for name in view.dim_names if name in self.dim_names]
-        shared = common if shared_dims is None else list(shared_dims)
-        for name in shared:
-            if name not in self.dim_names or name not in view.dim_names:
-                raise GridSpecError(
-                    f"shared dim {name!r} must be a dim of both the grid {self.dim_names} and the view {view.dim_names}"
-                )
-            if sorted(self.layout.rank_enum(name)) != sorted(view.layout.rank_enum(name)):
-                raise GridSpecError(
-                    f"shared dim {name!r} enumerates other groups in the view {view.shape} {view.dim_names} "
-                    f"than in the grid {self.shape} {self.dim_names}: {view.layout.rank_enum(name)[:2]}... "
-                    f"versus {self.layout.rank_enum(name)[:2]}..."
-                )
-        view._parent = self
-        view.shared_dims = tuple(shared)
-        return view
-
-    # -- node awareness ----------------------------------------------------------
-
-    def node_report(self, ranks_per_node: int | None = None) -> list[dict[str, Any]]:
-        """For each family, how many nodes its groups span (``ranks_per_node`` from ``LOCAL_WORLD_SIZE``).
-
-        Examples:
-            >>> [r["intra_node"] for r in HyperCommGrid([4, 2], ["tp", "dp"]).node_report(4)]
-            [True, False, False]
-        """
-        return self.layout.node_report(_ranks_per_node(ranks_per_node))
-
-    def node_ranks(self, rank: int | None = None, ranks_per_node: int | None = None) -> list[int]:
-        """The ranks on ``rank``'s node (consecutive blocks of ``ranks_per_node`` global ranks).
-
-        Examples:
-            >>> HyperCommGrid([4, 2], ["tp", "dp"]).node_ranks(rank=5, ranks_per_node=4)
-            [4, 5, 6, 7]
-        """
-        per_node = _ranks_per_node(ranks_per_node)
-        first = self._rank(rank) // per_node * per_node
-        return list(range(first, first + per_node))
-
-    def check_local_rank(self, ranks_per_node: int | None = None) -> None:
-        """Check that ``LOCAL_RANK`` is this process's position on its node (nanotron's assert).
-
-        Raises:
-            WorldSizeError: ``LOCAL_RANK`` is missing, or not ``rank % ranks_per_node``:
-                the launcher placed ranks differently than the layout assumes.
-        """
-        per_node = _ranks_per_node(ranks_per_node)
-        rank = self._rank(None)
-        local = os.environ.get("LOCAL_RANK")
-        if local is None or local.strip() != str(rank % per_node):
-            raise WorldSizeError(
-                f"LOCAL_RANK={local!r} on rank {rank}, but with {per_node} consecutive ranks per node it "
-                f"should be {rank % per_node}: the launcher placed ranks differently than the grid assumes"
-            )
-
-    # -- DeviceMesh ----------------------------------------------------------
-
-    def to_device_mesh(self, dims: Dims, device_type: str = "cpu") -> Any:
-        """A torch ``DeviceMesh`` over ``dims`` whose process groups are this grid's (no second set).
-
-        Mesh dims come in the order given (``["dp", "tp"]``: dp outer, tp inner,
-        as ``init_device_mesh`` would take them). **Collective** on first use of
-        each dim's family (through :meth:`pg`). The caller must be in the grid.
-        """
-        from torch.distributed.device_mesh import DeviceMesh
-
-        names = list(dims.split(KEY_SEPARATOR)) if isinstance(dims, str) else list(dims)
-        self.layout.dim_indices(names)  # validates: known, distinct, non-empty
-        rank = self._rank(None)
-        if not self.layout.contains(rank):
-            raise WorldSizeError(f"rank {rank} is outside the grid {self.shape} (offset {self.rank_offset})")
-        groups = [group for group in (self.pg(name) for name in names) if group is not None]
-        coord = self.layout.coord_of(rank)._asdict()
-        shape = [self.layout.dim_size(name) for name in names]
-        points = itertools.product(*(range(size) for size in shape))
-        mesh = [self.layout.rank_at(**{**coord, **dict(zip(names, point))}) for point in points]
-        tensor = torch.tensor(mesh, dtype=torch.int).reshape(shape)
-        return DeviceMesh.from_group(groups, device_type, mesh=tensor, mesh_dim_names=tuple(names))
-
-
-def _ranks_per_node(ranks_per_node: int | None) -> int:
-    if ranks_per_node is None:
-        value = os.environ.get("LOCAL_WORLD_SIZE")
-        if value is None:
-            raise WorldSizeError("ranks_per_node not given and LOCAL_WORLD_SIZE is not set")
-        try:
-            ranks_per_node = int(value)
-        except ValueError:
-            raise WorldSizeError(f"LOCAL_WORLD_SIZE={value!r} is not an int") from None
-    if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or ranks_per_node < 1:
-        raise WorldSizeError(f"ranks_per_node must be a positive int, got {ranks_per_node!r}")
-    return ranks_per_node

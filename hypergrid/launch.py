@@ -1,13 +1,13 @@
 """Start a small local process group: spawned workers on one host, or ``torchrun``'s env.
 
-:func:`spawn` runs a function on ``nprocs`` fresh processes joined in one
+``spawn`` runs a function on ``nprocs`` fresh processes joined in one
 process group (gloo on CPU by default), with a hard timeout: an exception on
-any rank is re-raised in the parent as :class:`~hypergrid.errors.WorkerError`
+any rank is re-raised in the parent as ``WorkerError``
 naming that rank with its traceback, and every other worker is stopped. The
 rendezvous store is hosted by the parent on ``127.0.0.1`` with a port chosen by
 the OS, so concurrent launches never race for a port.
 
-:func:`init_from_env` is the ``torchrun`` path (``env://``): NCCL bound to the
+``init_from_env`` is the ``torchrun`` path (``env://``): NCCL bound to the
 local GPU when CUDA is present, gloo otherwise.
 """
 
@@ -39,7 +39,7 @@ _SETTLE_SECONDS = 0.5
 
 @dataclass(frozen=True)
 class WorkerDeath:
-    """In :func:`spawn`'s results (with ``allow_deaths``): this rank died without reporting."""
+    """In ``spawn``'s results (with ``allow_deaths``): this rank died without reporting."""
 
     rank: int
     exitcode: int | None
@@ -155,7 +155,7 @@ def spawn(
         timeout_s: hard limit for the whole run, in seconds; also the
             collectives' timeout.
         allow_deaths: for fault-injection tests: a worker that dies without
-            reporting yields a :class:`WorkerDeath` in the results instead of
+            reporting yields a ``WorkerDeath`` in the results instead of
             stopping the run, so the other ranks' outcomes can be inspected.
 
     Returns:

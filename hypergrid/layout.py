@@ -25,129 +25,25 @@ Examples:
 
 from __future__ import annotations
 
-import keyword
 import math
 from collections import namedtuple
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 from einops import rearrange
 
+from hypergrid.coordinates import NamedCoordinates
 from hypergrid.errors import DimsError, GridSpecError, RankError
+from hypergrid.spec import MAX_WORLD_SIZE, Dims, check_dim_names, check_offset, check_shape, int_array, resolve_shape
 from hypergrid.values import as_int, is_int
 
 __all__ = ["KEY_SEPARATOR", "MAX_WORLD_SIZE", "Dims", "GridLayout", "resolve_shape"]
 
-#: A dims request: one name, a canonical key such as ``"dp-tp"``, or a list/tuple of names.
-Dims = Union[str, Sequence[str]]  # noqa: UP007 - a runtime alias must work on Python 3.10
-
-#: World sizes and ranks are 32-bit signed integers in torch.distributed and
-#: NCCL: a grid's ``rank_offset + size`` (the world it needs) may not exceed this.
-MAX_WORLD_SIZE = 2**31 - 1
 
 #: Joins dim names into a canonical key (Megatron's form); dim names cannot contain it.
 KEY_SEPARATOR = "-"
-
-
-def _check_shape(shape: object) -> tuple[int, ...]:
-    if isinstance(shape, (str, bytes)) or not isinstance(shape, (Sequence, np.ndarray)):
-        raise GridSpecError(f"shape must be a list or tuple of positive ints, got {shape!r}")
-    sizes = list(shape)
-    if not sizes:
-        raise GridSpecError("shape must have at least one dim, got an empty shape")
-    for position, size in enumerate(sizes):
-        if not is_int(size) or size < 1:
-            raise GridSpecError(f"shape[{position}] must be a positive int, got {size!r} in shape {list(sizes)!r}")
-    return tuple(int(size) for size in sizes)
-
-
-def resolve_shape(shape: Sequence[int], world: int | None, rank_offset: int = 0) -> list[int]:
-    """Replace one size of ``-1`` by what fills the world (as ezpz infers dp).
-
-    Examples:
-        >>> resolve_shape([2, -1, 4], world=64)
-        [2, 8, 4]
-        >>> resolve_shape([2, 4], world=None)
-        [2, 4]
-    """
-    if isinstance(shape, (str, bytes)) or not isinstance(shape, (Sequence, np.ndarray)):
-        return shape  # type: ignore[return-value]  # _check_shape names the problem
-    sizes = list(shape)
-    wild = [i for i, size in enumerate(sizes) if as_int(size) == -1]
-    if not wild:
-        return sizes
-    if len(wild) > 1:
-        raise GridSpecError(f"shape {sizes} has {len(wild)} sizes of -1; at most one can be inferred")
-    if world is None:
-        raise GridSpecError(
-            f"shape {sizes} has a -1 to infer, but the world size is unknown: initialize "
-            "torch.distributed or set WORLD_SIZE"
-        )
-    known = [size for i, size in enumerate(sizes) if i != wild[0]]
-    fixed = _check_shape(known) if known else ()
-    product = math.prod(fixed)
-    room = world - _check_offset(rank_offset)
-    if room < product or room % product:
-        raise GridSpecError(
-            f"cannot infer the -1 in shape {sizes}: the world of {world} ranks (offset {rank_offset}) "
-            f"leaves {room} ranks, not a positive multiple of the other sizes' product {product}"
-        )
-    sizes[wild[0]] = room // product
-    return sizes
-
-
-def _check_dim_names(dim_names: object, ndim: int) -> tuple[str, ...]:
-    if isinstance(dim_names, (str, bytes)) or not isinstance(dim_names, Sequence):
-        raise GridSpecError(f"dim_names must be a list or tuple of str, got {dim_names!r}")
-    names = list(dim_names)
-    if len(names) != ndim:
-        raise GridSpecError(
-            f"dim_names {names!r} has {len(names)} names but shape has {ndim} dims; give one name per dim"
-        )
-    for position, name in enumerate(names):
-        # Names become keyword arguments and named-tuple fields (rank_of(tp=0)),
-        # and canonical keys join them with "-": so they must be identifiers.
-        if not isinstance(name, str):
-            raise GridSpecError(f"dim_names[{position}] must be a str, got {name!r}")
-        if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
-            raise GridSpecError(
-                f"dim_names[{position}] = {name!r} is not a valid dim name: use a Python "
-                "identifier that is not a keyword and does not start with '_' (e.g. 'tp', 'dp')"
-            )
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise GridSpecError(f"dim_names {names!r} repeats {name!r}; every dim needs its own name")
-        seen.add(name)
-    return tuple(names)
-
-
-def _check_offset(rank_offset: object) -> int:
-    offset = as_int(rank_offset)
-    if offset is None or offset < 0:
-        raise GridSpecError(f"rank_offset must be a non-negative int, got {rank_offset!r}")
-    return offset
-
-
-def _holds_bool(data: object) -> bool:
-    if isinstance(data, (bool, np.bool_)):
-        return True
-    return isinstance(data, (list, tuple)) and any(_holds_bool(item) for item in data)
-
-
-def _int_array(data: object, ndim: int, message: str) -> np.ndarray:
-    """``data`` as an integer array of ``ndim`` dims (empty allowed), else RankError(message)."""
-    if not isinstance(data, np.ndarray) and _holds_bool(data):
-        raise RankError(message)  # numpy would silently read True as 1
-    try:
-        array = np.asarray(data)
-    except (ValueError, TypeError):  # ragged or otherwise not array-like
-        raise RankError(message) from None
-    if array.ndim != ndim or not (array.size == 0 or np.issubdtype(array.dtype, np.integer)) or array.dtype == bool:
-        raise RankError(message)
-    return array.astype(np.int64)
 
 
 @lru_cache(maxsize=1024)
@@ -162,7 +58,7 @@ def _family_pattern(ndim: int, dims: tuple[int, ...]) -> str:
     return f"{' '.join(array_axes)} -> ({group_axes}) ({member_axes})"
 
 
-class GridLayout:
+class GridLayout(NamedCoordinates):
     """A validated, immutable description of a named grid of ranks.
 
     Args:
@@ -193,9 +89,9 @@ class GridLayout:
     _coord_type: Any
 
     def __init__(self, shape: Sequence[int], dim_names: Sequence[str], rank_offset: int = 0) -> None:
-        sizes = _check_shape(shape)
-        names = _check_dim_names(dim_names, len(sizes))
-        offset = _check_offset(rank_offset)
+        sizes = check_shape(shape)
+        names = check_dim_names(dim_names, len(sizes))
+        offset = check_offset(rank_offset)
         size = math.prod(sizes)
         if offset + size > MAX_WORLD_SIZE:
             overflow = " (more than int64 can hold)" if size >= 2**63 else ""
@@ -429,7 +325,7 @@ class GridLayout:
             >>> GridLayout([2, 3], ["tp", "dp"]).coords_array([0, 3, 5]).tolist()
             [[0, 0], [1, 1], [1, 2]]
         """
-        local = _int_array(ranks, 1, f"ranks must be a 1-D sequence of ints, got {ranks!r}")
+        local = int_array(ranks, 1, f"ranks must be a 1-D sequence of ints, got {ranks!r}")
         local = local.astype(np.int64) - self.rank_offset
         bad = (local < 0) | (local >= self.size)
         if bad.any():
@@ -447,7 +343,7 @@ class GridLayout:
             >>> GridLayout([2, 3], ["tp", "dp"]).ranks_array([[0, 0], [1, 2]]).tolist()
             [0, 5]
         """
-        values = _int_array(coords, 2, f"coords must be an (n, {self.ndim}) array of ints, got {coords!r}")
+        values = int_array(coords, 2, f"coords must be an (n, {self.ndim}) array of ints, got {coords!r}")
         if values.shape[1] != self.ndim:
             raise RankError(f"coords must be an (n, {self.ndim}) array of ints, got {coords!r}")
         shape = np.asarray(self.shape, dtype=np.int64)
@@ -460,7 +356,7 @@ class GridLayout:
         """The ranks of the group over ``dims`` that contains ``rank``.
 
         Computed in O(group size) from the rank's coordinates, without building
-        the world array; equals the member of :meth:`rank_enum` holding ``rank``.
+        the world array; equals the member of ``rank_enum`` holding ``rank``.
 
         Examples:
             >>> GridLayout([2, 2, 2], ["a", "b", "c"]).group_ranks(["a", "c"], rank=6)
@@ -476,7 +372,7 @@ class GridLayout:
         return members
 
     def group_index(self, dims: Dims, rank: int) -> int:
-        """Position, in :meth:`rank_enum`, of the group over ``dims`` holding ``rank``.
+        """Position, in ``rank_enum``, of the group over ``dims`` holding ``rank``.
 
         Examples:
             >>> GridLayout([2, 2, 2], ["a", "b", "c"]).group_index(["a", "c"], rank=6)
@@ -489,131 +385,3 @@ class GridLayout:
             if i not in chosen:
                 index = index * self.shape[i] + local // self.strides[i] % self.shape[i]
         return index
-
-    # -- named coordinates, neighbours, names ---------------------------------
-
-    def coord_of(self, rank: int) -> Any:
-        """Coordinates of ``rank`` as a named tuple with the dim names as fields. O(ndim).
-
-        Examples:
-            >>> GridLayout([2, 3, 4], ["tp", "cp", "dp"]).coord_of(11)
-            Coord(tp=1, cp=2, dp=1)
-        """
-        return self._coord_type(*self.coords_of(rank))
-
-    def rank_at(self, **coords: int) -> int:
-        """The rank at the named coordinates; every dim is required.
-
-        Raises:
-            RankError: a dim missing, an unknown dim, or a coordinate out of range.
-
-        Examples:
-            >>> GridLayout([2, 3, 4], ["tp", "cp", "dp"]).rank_at(tp=1, cp=2, dp=1)
-            11
-        """
-        unknown = sorted(set(coords) - set(self.dim_names))
-        missing = [name for name in self.dim_names if name not in coords]
-        if unknown or missing:
-            raise RankError(
-                f"rank_at needs exactly one coordinate per dim of {list(self.dim_names)}; "
-                f"missing {missing}, unknown {unknown} (got {coords})"
-            )
-        return self.rank_of([coords[name] for name in self.dim_names])
-
-    def replace(self, rank: int, **coords: int) -> int:
-        """The rank whose coordinates are ``rank``'s with some replaced (DeepSpeed's ``stage_to_global``).
-
-        Examples:
-            >>> GridLayout([2, 2, 2], ["tp", "pp", "dp"]).replace(5, pp=1)
-            7
-        """
-        unknown = sorted(set(coords) - set(self.dim_names))
-        if unknown:
-            raise RankError(f"unknown dim(s) {unknown} in {coords}; valid dims are {list(self.dim_names)}")
-        return self.rank_at(**{**self.coord_of(rank)._asdict(), **coords})
-
-    def shift(self, dim: str, rank: int, disp: int = 1, periodic: bool = False) -> tuple[int | None, int | None]:
-        """``(source, dest)`` along ``dim``, like ``MPI_Cart_shift``.
-
-        ``dest`` is the rank ``disp`` steps ahead of ``rank`` along ``dim``,
-        ``source`` the one ``disp`` steps behind; ``None`` past an open edge,
-        wrapped around when ``periodic``.
-
-        Examples:
-            >>> layout = GridLayout([2, 4], ["tp", "pp"])
-            >>> layout.shift("pp", rank=1), layout.shift("pp", rank=7), layout.shift("pp", rank=7, periodic=True)
-            ((None, 3), (5, None), (5, 1))
-        """
-        index = self.dim_indices(dim)
-        if len(index) != 1:
-            raise DimsError(f"shift takes one dim, got {dim!r}")
-        step = as_int(disp)
-        if step is None:
-            raise RankError(f"disp must be an int, got {disp!r}")
-        i = index[0]
-        size, stride = self.shape[i], self.strides[i]
-        here = self.coords_of(rank)[i]
-        ends = []
-        for target in (here - step, here + step):
-            if periodic:
-                target %= size
-            ends.append(None if not 0 <= target < size else rank + (target - here) * stride)
-        return ends[0], ends[1]
-
-    def rank_repr(self, rank: int, omit: Iterable[str] = (), inner_sep: str = "_", outer_sep: str = "-") -> str:
-        """A name for ``rank`` from its coordinates, outermost dim first (checkpoint file names).
-
-        The form of DeepSpeed's ``get_rank_repr``: ``{dim}{inner_sep}{coord:02d}``
-        joined by ``outer_sep``, leaving out the dims in ``omit``.
-
-        Examples:
-            >>> layout = GridLayout([2, 2, 4], ["tp", "pp", "dp"])
-            >>> layout.rank_repr(7), layout.rank_repr(7, omit=["dp"])
-            ('dp_01-pp_01-tp_01', 'pp_01-tp_01')
-        """
-        if isinstance(omit, str):
-            omitted = [omit]
-        elif isinstance(omit, (list, tuple, set, frozenset)):
-            omitted = list(omit)
-        else:
-            raise DimsError(f"omit must be a list of dim names, got {omit!r}")
-        unknown = [name for name in omitted if not isinstance(name, str) or name not in self._index]
-        if unknown:
-            raise DimsError(f"omit names unknown dim(s) {unknown}; valid dims are {list(self.dim_names)}")
-        coords = self.coords_of(rank)
-        parts = [
-            f"{name}{inner_sep}{coords[i]:02d}"
-            for i, name in reversed(list(enumerate(self.dim_names)))
-            if name not in omitted
-        ]
-        return outer_sep.join(parts)
-
-    def node_report(self, ranks_per_node: int) -> list[dict[str, Any]]:
-        """For each family: how many nodes its groups span, with ``ranks_per_node`` consecutive ranks a node.
-
-        Node of a rank: ``rank // ranks_per_node`` (global ranks, offset included).
-        Computed from the group holding the grid's first rank and, for the
-        maximum, every group (O(world) per family).
-
-        Examples:
-            >>> [(r["key"], r["max_nodes"]) for r in GridLayout([4, 2], ["tp", "dp"]).node_report(4)]
-            [('tp', 1), ('dp', 2), ('dp-tp', 2)]
-        """
-        per_node = as_int(ranks_per_node)
-        if per_node is None or per_node < 1:
-            raise GridSpecError(f"ranks_per_node must be a positive int, got {ranks_per_node!r}")
-        report = []
-        for family in self.all_families():
-            nodes = np.sort(self.rank_enum_array(family) // per_node, axis=1)
-            spans = 1 + (np.diff(nodes, axis=1) != 0).sum(axis=1)
-            report.append(
-                {
-                    "key": self.key(family),
-                    "group_size": self.group_size(family),
-                    "num_groups": self.num_groups(family),
-                    "max_nodes": int(spans.max()),
-                    "min_nodes": int(spans.min()),
-                    "intra_node": bool(spans.max() == 1),
-                }
-            )
-        return report

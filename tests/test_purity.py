@@ -13,16 +13,35 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hypergrid"
 ALLOWED = {
     "errors": set(),
     "values": {"errors"},
-    "layout": {"errors", "values"},
+    "spec": {"errors", "values"},
+    "coordinates": {"errors", "spec", "values"},
+    "layout": {"coordinates", "errors", "spec", "values"},
     "worldstate": set(),
     "creation": {"errors", "worldstate"},
     "guard": {"errors", "values", "worldstate"},
-    "grid": {"creation", "errors", "guard", "layout", "values", "worldstate"},
+    "facet": {"errors", "layout"},
+    "getters": {"facet", "layout"},
+    "views": {"errors", "facet", "grid"},
+    "nodes": {"errors", "facet"},
+    "mesh": {"errors", "facet", "layout"},
+    "grid": {
+        "creation",
+        "errors",
+        "facet",
+        "getters",
+        "guard",
+        "layout",
+        "mesh",
+        "nodes",
+        "values",
+        "views",
+        "worldstate",
+    },
     "launch": {"errors", "values"},
     "cli": {"errors", "layout"},
     "demo": {"cli", "errors", "grid", "launch"},
 }
-PURE = ("errors", "values", "layout")
+PURE = ("errors", "values", "spec", "coordinates", "layout")
 
 
 def test_layout_core_loads_without_torch() -> None:

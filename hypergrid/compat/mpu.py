@@ -38,7 +38,7 @@ def _role(attribute: str) -> tuple[Callable[[MPU], Any], Callable[[MPU], int], C
 
 
 class MPU:
-    """Data / tensor / pipeline / model parallel getters over a :class:`HyperCommGrid`.
+    """Data / tensor / pipeline / model parallel getters over a ``HyperCommGrid``.
 
     Args:
         grid: the grid.

@@ -1,0 +1,57 @@
+"""``GridFacet``: what the grid's capability modules may use of the registry.
+
+``HyperCommGrid`` (``hypergrid.grid``) is the registry: construction, keys,
+creation, lookup, destroy. Each capability built on it — per-family getters,
+views, node awareness, DeviceMesh export, collectives, pipeline helpers — lives
+in a module of its own as a ``GridFacet`` subclass that ``HyperCommGrid``
+inherits. A facet holds no state; it reaches the registry only through the
+members declared here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from hypergrid.errors import NotInitializedError
+
+if TYPE_CHECKING:
+    from hypergrid.layout import Dims, GridLayout
+
+__all__ = ["GridFacet"]
+
+
+class GridFacet:
+    """Base of the grid's capability mixins: the registry members they use, and two small helpers."""
+
+    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
+        layout: GridLayout
+        backend: str | None
+        strategy: str
+        guard: bool
+        guard_timeout_s: float
+
+        @property
+        def shape(self) -> list[int]: ...
+        @property
+        def dim_names(self) -> list[str]: ...
+        @property
+        def rank_offset(self) -> int: ...
+        @property
+        def size(self) -> int: ...
+        def pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None: ...
+        def get_pg(self, dims: Dims) -> dist.ProcessGroup | None: ...
+
+    def _require_initialized(self, what: str) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise NotInitializedError(
+                f"{what} needs torch.distributed to be initialized: call "
+                "torch.distributed.init_process_group first (get_rank_enum works offline)"
+            )
+
+    def _rank(self, rank: int | None) -> int:
+        if rank is not None:
+            return rank
+        self._require_initialized("a getter without an explicit rank")
+        return dist.get_rank()
