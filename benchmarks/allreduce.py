@@ -33,7 +33,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import torch
 import torch.distributed as dist
 
-from benchmarks.common import bandwidths, human_bytes, median, parse_bytes, size_sweep, write_json
+from benchmarks.common import bandwidths, human_bytes, median, parse_bytes, progress, size_sweep, write_json
 from hypergrid import DimsError, GridLayout, HyperCommGrid, init_from_env, spawn
 from hypergrid.launch import default_device
 
@@ -136,8 +136,11 @@ def measure(config: dict[str, Any]) -> list[dict[str, Any]]:
     families = config["families"] or layout.all_families()
     dtype = DTYPES[config["dtype"]]
     rows: list[dict[str, Any]] = []
-    for family in families:
+    verbose = rank == 0 and config["progress"]
+    for index, family in enumerate(families, 1):
         key = layout.key(family)
+        if verbose:
+            progress(f"family {index}/{len(families)} {key}: {len(config['sizes'])} sizes, hypergrid and raw groups")
         groups = {"hypergrid": grid.create_pg(family)}
         raw = None
         for ranks in layout.rank_enum(key):  # the baseline: plain new_group, every rank, every group
@@ -164,8 +167,8 @@ def measure(config: dict[str, Any]) -> list[dict[str, Any]]:
             for impl, collective in collectives.items():
                 row = _row(key, impl, collective, samples[impl], config["op"], device, world)
                 rows.append(row)
-                if rank == 0 and config["progress"]:
-                    print(format_row(row, config), file=sys.stderr, flush=True)
+                if verbose:
+                    progress(format_row(row, config))
         if raw is not None:
             dist.destroy_process_group(raw)
     grid.destroy()
@@ -329,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.backend == "nccl":
             parser.error("--backend nccl needs torchrun (one process per GPU)")
         config["backend"] = "gloo"
+        if config["progress"]:
+            progress(f"starting {math.prod(config['shape'])} local gloo processes")
         rows = spawn(measure, math.prod(config["shape"]), (config,), timeout_s=args.timeout)[0]
     print(header(config))
     for row in rows:

@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks: argument parsing, bandwidth arithmetic, output."""
+"""Helpers shared by the benchmarks: argument parsing, bandwidth arithmetic, output, progress."""
 
 from __future__ import annotations
 
@@ -7,14 +7,16 @@ import pathlib
 import re
 import statistics
 import sys
+import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+_STARTED = time.monotonic()  # when this process first imported the benchmarks' helpers
 
 #: nccl-tests' bus-bandwidth factors: busbw = algbw * factor(n), n = group size.
 BUS_FACTORS = {
@@ -89,3 +91,18 @@ def human_bytes(size: int) -> str:
         if size % _UNITS[unit] == 0:
             return f"{size // _UNITS[unit]}{unit}"
     return str(size)
+
+
+def progress(message: str, file: TextIO | None = None) -> None:
+    """Print ``[elapsed] message`` to stderr at once: a long benchmark's progress, kept out of its stdout report.
+
+    Args:
+        message: what the benchmark is doing now, e.g. ``"family 3/15 (dp-tp)"``.
+        file: where to print; standard error (as it is at the time of the call) by default.
+
+    Examples:
+        >>> progress("family 3/15 (dp-tp)", file=sys.stdout)  # doctest: +ELLIPSIS
+        [...s] family 3/15 (dp-tp)
+    """
+    elapsed = time.monotonic() - _STARTED
+    print(f"[{elapsed:7.1f}s] {message}", file=sys.stderr if file is None else file, flush=True)

@@ -34,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import progress
 from hypergrid import GridLayout, HyperCommGrid
 from tests.references import megatron_rank_groups
 
@@ -69,7 +70,8 @@ def enumerate_families(repeats: int, slow_repeats: int) -> list[dict[str, Any]]:
     order = "-".join(NAMES)
     sizes = dict(zip(NAMES, SHAPE))
     rows = []
-    for family in grid.layout.all_families():
+    families = grid.layout.all_families()
+    for index, family in enumerate(families, 1):
         times: dict[str, list[float]] = {"hypergrid": [], "numpy": [], "python": []}
         results = {}
         for _ in range(repeats):
@@ -84,10 +86,10 @@ def enumerate_families(repeats: int, slow_repeats: int) -> list[dict[str, Any]]:
             raise AssertionError(f"family {family}: the three enumerations disagree")
         medians = {name: statistics.median(values) for name, values in times.items()}
         rows.append({"family": grid.layout.key(family), **{f"{k}_s": v for k, v in medians.items()}})
-        print(
-            f"  {rows[-1]['family']:<12} hypergrid {medians['hypergrid'] * 1e3:8.1f} ms  "
-            f"numpy {medians['numpy'] * 1e3:8.1f} ms  python {medians['python'] * 1e3:9.1f} ms",
-            flush=True,
+        progress(
+            f"enumeration {index:>2}/{len(families)} {rows[-1]['family']:<12} "
+            f"hypergrid {medians['hypergrid'] * 1e3:8.1f} ms  numpy {medians['numpy'] * 1e3:8.1f} ms  "
+            f"python {medians['python'] * 1e3:9.1f} ms"
         )
     return rows
 
@@ -97,7 +99,9 @@ def own_group_lookups(lookups: int, repeats: int) -> list[dict[str, Any]]:
     large = GridLayout(SHAPE, NAMES)
     rng = random.Random(0)
     rows = []
-    for family in small.all_families():
+    families = small.all_families()
+    for index, family in enumerate(families, 1):
+        progress(f"own-group lookups {index:>2}/{len(families)} {small.key(family)}")
         per_lookup = {}
         for label, layout in (("2^10", small), ("2^20", large)):
             ranks = [rng.randrange(layout.size) for _ in range(lookups)]
@@ -159,7 +163,7 @@ def main() -> int:
     args = parser.parse_args()
     if min(args.repeats, args.slow_repeats, args.lookups) < 1:
         parser.error("--repeats, --slow-repeats and --lookups must be positive")
-    print(f"Enumerating the 15 families of {SHAPE} ({args.repeats}/{args.slow_repeats} repeats)...", flush=True)
+    progress(f"enumerating the 15 families of {SHAPE} ({args.repeats}/{args.slow_repeats} repeats)")
     enum_rows = enumerate_families(args.repeats, args.slow_repeats)
     lookup_rows = own_group_lookups(args.lookups, args.repeats)
     summary = report(enum_rows, lookup_rows)
