@@ -174,3 +174,34 @@ def test_search_works_from_disk(site: pathlib.Path, pages: dict[pathlib.Path, _P
     reference_text = " ".join(doc["title"] + " " + doc["text"] for doc in documents if "reference" in doc["location"])
     for name in API_NAMES:
         assert name in reference_text, f"{name!r} is not in the search index of the API reference"
+
+
+REPOSITORY = "https://github.com/hypergrid-dev/hypergrid"
+MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)|<(https?://[^>\s]+)>")
+
+
+def test_readme_links_are_absolute_and_point_into_the_repository() -> None:
+    """README is also the package index's page, where relative links break."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = [a or b for a, b in MARKDOWN_LINK.findall(readme)]
+    assert len(links) >= 8
+    relative = [link for link in links if not urlsplit(link).scheme]
+    assert not relative, f"relative links in README.md: {relative}"
+    missing = []
+    for link in links:
+        for kind in ("blob", "tree"):
+            prefix = f"{REPOSITORY}/{kind}/main/"
+            if link.startswith(prefix):
+                target = ROOT / urlsplit(link[len(prefix) :]).path
+                if not (target.is_file() if kind == "blob" else target.is_dir()):
+                    missing.append(link)
+    assert not missing, f"README.md links to files this repository does not have: {missing}"
+
+
+def test_project_urls_name_the_same_repository() -> None:
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    assert {"Homepage", "Documentation", "Repository", "Changelog", "Issues"} <= set(urls)
+    assert all(url.startswith(REPOSITORY) for url in urls.values()), urls
+    yaml = pytest.importorskip("yaml")
+    assert yaml.safe_load((ROOT / "mkdocs.yml").read_text())["repo_url"] == REPOSITORY
