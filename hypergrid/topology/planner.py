@@ -9,7 +9,7 @@ from typing import Any
 
 from hypergrid.errors import DimsError, GridSpecError, InvalidArgumentError
 from hypergrid.topology.cost import collective_seconds
-from hypergrid.topology.spans import Span, family_spans
+from hypergrid.topology.spans import span_at
 from hypergrid.topology.tiers import Topology
 from hypergrid.topology.traffic import Traffic
 from hypergrid.values import is_int
@@ -114,8 +114,8 @@ def _price(
 ) -> dict[str, float]:
     families: dict[str, float] = {}
     for entry in traffic:
-        dims = [part for dim in entry.dims for part in parts.get(dim, [dim])]
-        span: Span = family_spans(shape, order, dims, topology.unit_ranks)
+        chosen = sorted(order.index(part) for dim in entry.dims for part in parts.get(dim, [dim]))
+        span = span_at(shape, tuple(chosen), topology.unit_ranks)
         seconds = entry.calls * collective_seconds(entry.op, entry.bytes, span, topology)
         families[entry.key] = families.get(entry.key, 0.0) + seconds
     return families

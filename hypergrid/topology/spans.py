@@ -9,6 +9,7 @@ groups touch and how many members share one unit.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -17,7 +18,7 @@ import numpy as np
 
 from hypergrid.layout import Dims, GridLayout
 
-__all__ = ["Span", "family_spans"]
+__all__ = ["Span", "family_spans", "span_at"]
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,44 @@ class Span:
         return spanned[-1] if spanned else None
 
 
-@lru_cache(maxsize=4096)
-def _span(shape: tuple[int, ...], chosen: tuple[int, ...], unit_ranks: tuple[int, ...]) -> Span:
+def _aligned(shape: tuple[int, ...], chosen: tuple[int, ...], ranks: int) -> tuple[int, int] | None:
+    """``(members per unit, units per group)`` when units of ``ranks`` ranks cut the grid along its dims.
+
+    That is when ``ranks = shape[0] * ... * shape[p-1] * q`` with ``q`` dividing ``shape[p]``:
+    a unit then holds the inner dims whole and ``q`` consecutive values of dim ``p``,
+    the same for every group. ``None`` otherwise (the caller enumerates).
+    """
+    inner = 1  # ranks per step of dim p: the product of the inner sizes
+    for p, size in enumerate(shape):
+        if ranks <= inner * size:  # the unit boundary falls inside dim p
+            q = ranks // inner
+            if ranks % inner or size % q:
+                return None
+            members = math.prod(shape[i] for i in chosen if i < p) * (q if p in chosen else 1)
+            units = math.prod(shape[i] for i in chosen if i > p) * (size // q if p in chosen else 1)
+            return members, units
+        inner *= size
+    return math.prod(shape[i] for i in chosen), 1  # one unit holds the whole grid
+
+
+def _analytic(shape: tuple[int, ...], chosen: tuple[int, ...], unit_ranks: tuple[int, ...]) -> Span | None:
+    n = math.prod(shape[i] for i in chosen)
+    cuts = [_aligned(shape, chosen, ranks) for ranks in unit_ranks]
+    if any(cut is None for cut in cuts):
+        return None
+    per_unit = [cut[0] for cut in cuts if cut is not None]
+    units = [cut[1] for cut in cuts if cut is not None]
+    touched = [n, *units, 1]  # units of tier k-1 and of tier k each group touches
+    spanned = tuple(touched[k] > touched[k + 1] for k in range(len(unit_ranks) + 1))
+    return Span(n, (*per_unit, n), (*units, 1), spanned)
+
+
+@lru_cache(maxsize=65536)
+def span_at(shape: tuple[int, ...], chosen: tuple[int, ...], unit_ranks: tuple[int, ...]) -> Span:
+    """`family_spans` for validated input: the family over dim positions ``chosen`` (sorted) of ``shape``."""
+    fast = _analytic(shape, chosen, unit_ranks)
+    if fast is not None:
+        return fast
     names = [f"d{i}" for i in range(len(shape))]
     groups = GridLayout(shape, names).rank_enum_array([names[i] for i in chosen])
     count, n = groups.shape
@@ -83,7 +120,8 @@ def family_spans(sizes: Sequence[int], dim_names: Sequence[str], dims: Dims, uni
         A `Span` with one entry per tier (``len(unit_ranks) + 1`` tiers).
 
     Raises:
-        GridSpecError: a bad grid. DimsError: ``dims`` not in the grid.
+        GridSpecError: a bad grid.
+        DimsError: ``dims`` not in the grid.
 
     Examples:
         >>> family_spans([8, 4], ["tp", "dp"], "tp", (8,)).spanned
@@ -93,4 +131,4 @@ def family_spans(sizes: Sequence[int], dim_names: Sequence[str], dims: Dims, uni
         ((False, True), (4, 1), (1, 4))
     """
     layout = GridLayout(sizes, dim_names)
-    return _span(layout.shape, layout.dim_indices(dims), tuple(int(r) for r in unit_ranks))
+    return span_at(layout.shape, layout.dim_indices(dims), tuple(int(r) for r in unit_ranks))

@@ -26,8 +26,9 @@ class Traffic:
         calls: calls per step (or per whatever the plan's seconds should cover).
 
     Raises:
-        DimsError: empty or repeated dims. InvalidArgumentError: an unknown op, a
-            negative or non-finite size, a count that is not a non-negative int.
+        DimsError: empty or repeated dims.
+        InvalidArgumentError: an unknown op, a negative or non-finite size, a count
+            that is not a non-negative int.
 
     Examples:
         >>> Traffic(["dp", "cp"], "all_reduce", 1e9).key
@@ -104,11 +105,15 @@ def llm_step_traffic(
 
     Args:
         sizes: the dims' sizes (e.g. ``{"tp": 8, "pp": 4, "dp": 16}``).
-        hidden: model width. layers: transformer layers. seq_len: tokens per sequence.
-        micro_batch: sequences per micro-batch. params: parameter count.
+        hidden: model width.
+        layers: transformer layers.
+        seq_len: tokens per sequence.
+        micro_batch: sequences per micro-batch.
+        params: parameter count.
         dtype_bytes: bytes per element of activations and gradients (2 for bf16).
         microbatches: micro-batches per step (gradient accumulation / pipeline).
-        experts: MoE experts per layer (0: dense). topk: experts per token.
+        experts: MoE experts per layer (0: dense).
+        topk: experts per token.
 
     Returns:
         The `Traffic` entries, one per family with traffic.
