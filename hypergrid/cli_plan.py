@@ -49,6 +49,8 @@ def _pairs(text: str, what: str) -> dict[str, str]:
         name, sep, value = item.partition("=")
         if not sep or not name.strip() or not value.strip():
             raise InvalidArgumentError(f"{what} must be name=value pairs separated by ',', got {text!r}")
+        if name.strip() in pairs:
+            raise InvalidArgumentError(f"{what} names {name.strip()!r} twice in {text!r}")
         pairs[name.strip()] = value.strip()
     return pairs
 

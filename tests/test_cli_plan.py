@@ -67,6 +67,7 @@ def test_plan_runs_as_a_module() -> None:
     ("argv", "text"),
     [
         (["--sizes", "tp=8,dp=x", "--traffic", "tp:all_reduce:1M"], "'x'"),
+        (["--sizes", "tp=8,tp=2", "--traffic", "tp:all_reduce:1M"], "'tp' twice"),
         (["--sizes", "tp=8", "--traffic", "dp:all_reduce:1M"], "'dp'"),
         (["--sizes", "tp=8", "--traffic", "tp:allreduce:1M"], "'allreduce'"),
         (["--sizes", "tp=8", "--traffic", "tp:all_reduce:lots"], "'lots'"),

@@ -264,6 +264,8 @@ def test_llm_step_traffic_follows_the_documented_accounting() -> None:
         (lambda: plan({"tp": 0}, [], H100), GridSpecError, "0"),
         (lambda: plan({"tp": -2}, [], H100), ValueError, "-2"),
         (lambda: plan({}, [], H100), GridSpecError, "{}"),
+        (lambda: plan({"t-p": 2}, [], H100), GridSpecError, "'t-p'"),
+        (lambda: plan({"tp": 2**16, "dp": 2**16}, [], H100), GridSpecError, "2**31-1"),
         (lambda: plan({f"d{i}": 2 for i in range(9)}, [], H100), InvalidArgumentError, "9"),
         (lambda: plan({f"d{i}": 2 for i in range(8)}, [], H100, split=True), InvalidArgumentError, "8"),
         (lambda: plan({"tp": 2}, [], "h200_4x"), InvalidArgumentError, "'h200_4x'"),

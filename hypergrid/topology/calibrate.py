@@ -25,8 +25,6 @@ def _load(results: Any) -> list[dict[str, Any]]:
     if isinstance(results, (str, os.PathLike)):
         with open(results) as handle:
             results = json.load(handle)
-    if isinstance(results, Mapping):
-        results = results.get("rows", results.get("results"))
     if not isinstance(results, list):
         raise InvalidArgumentError(f"results must be the list of rows benchmarks/allreduce.py writes, got {results!r}")
     rows = []

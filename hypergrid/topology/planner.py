@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypergrid.errors import DimsError, GridSpecError, InvalidArgumentError
+from hypergrid.layout import GridLayout
 from hypergrid.topology.cost import collective_seconds
 from hypergrid.topology.spans import span_at
 from hypergrid.topology.tiers import Topology
@@ -87,7 +88,9 @@ def _check_sizes(sizes: object) -> dict[str, int]:
         raise InvalidArgumentError(
             f"plan prices every order of the dims (n!): at most {MAX_PLAN_DIMS} dims, got {len(sizes)} ({list(sizes)})"
         )
-    return {str(name): int(size) for name, size in sizes.items()}
+    checked = {name: int(size) for name, size in sizes.items()}
+    GridLayout(list(checked.values()), list(checked))  # dim names, and a world of at most 2**31-1 ranks
+    return checked
 
 
 def _check_traffic(traffic: object, sizes: Mapping[str, int]) -> list[Traffic]:

@@ -33,6 +33,11 @@ class Span:
         spanned: whether some group has members in two different units of the tier
             below that share one unit of this tier: its messages cross this tier's
             links. For the innermost tier: whether a group has two members in one unit.
+
+    Examples:
+        >>> span = family_spans([4, 4], ["tp", "dp"], "dp", (8,))  # nodes of 8: dp has 2 members per node
+        >>> span.per_unit, span.units, span.spanned, span.outermost
+        ((2, 4), (2, 1), (True, True), 1)
     """
 
     group_size: int
