@@ -45,7 +45,7 @@ ALLOWED = {
     "topology/spans": {"layout"},
     "topology/cost": {"errors", "topology"},
     "topology/traffic": {"errors", "layout", "topology", "values"},
-    "topology/planner": {"errors", "grid", "topology", "values"},  # grid: lazily, inside Plan.to_grid
+    "topology/planner": {"errors", "grid", "layout", "topology", "values"},  # grid: lazily, inside Plan.to_grid
     "topology/calibrate": {"errors", "topology"},
     "demo": {"cli", "errors", "grid", "launch"},
 }
