@@ -1,4 +1,4 @@
-"""Command line: ``python -m hypergrid demo [...]`` and ``python -m hypergrid show [...]``."""
+"""Command line: ``python -m hypergrid demo|show|plan [...]``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 _COMMANDS = {
     "demo": "run the main job: a local gloo grid, every family all-reduced and checked",
     "show": "print a grid's layout, families and node report (no process group needed)",
+    "plan": "rank the orders of a grid's dims on a cluster's tiers for given traffic, fastest first",
 }
 
 
@@ -25,6 +26,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hypergrid import cli
 
         return cli.show(args[1:])
+    if args[0] == "plan":
+        from hypergrid import cli_plan
+
+        return cli_plan.main(args[1:])
     from hypergrid import demo
 
     return demo.main(args[1:])

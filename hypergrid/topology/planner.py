@@ -1,0 +1,187 @@
+"""`plan`: price every order of the dims on a `Topology` and rank the orders, fastest first."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypergrid.errors import DimsError, GridSpecError, InvalidArgumentError
+from hypergrid.layout import GridLayout
+from hypergrid.topology.cost import collective_seconds
+from hypergrid.topology.spans import span_at
+from hypergrid.topology.tiers import Topology
+from hypergrid.topology.traffic import Traffic
+from hypergrid.values import is_int
+
+__all__ = ["MAX_PLAN_DIMS", "Plan", "plan"]
+
+#: ``plan`` prices n! orders: it refuses more dims than this (8! = 40,320 orders).
+MAX_PLAN_DIMS = 8
+
+#: Suffixes of the two parts of a dim split across a tier boundary (``split=True``).
+INTRA, INTER = "_intra", "_inter"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One order of the dims and what the traffic costs in it.
+
+    Attributes:
+        order: dim names, innermost first (``HyperCommGrid``'s ``dim_names``).
+        shape: their sizes, in the same order.
+        seconds: the sum of ``families``.
+        families: each traffic entry's dims (as written, lists joined with ``-``) to its
+            seconds (entries on the same dims add up).
+        split: for a hybrid plan, the split dim to its two parts (``{"dp": ("dp_intra",
+            "dp_inter")}``); traffic on ``dp`` runs over both. Empty otherwise.
+    """
+
+    order: tuple[str, ...]
+    shape: tuple[int, ...]
+    seconds: float
+    families: dict[str, float]
+    split: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def to_grid(self, **kwargs: Any) -> Any:
+        """Build the ``HyperCommGrid`` of this order (imports torch).
+
+        Args:
+            **kwargs: passed to ``HyperCommGrid`` (``rank_offset``, ``backend``, ...).
+
+        Returns:
+            ``HyperCommGrid(list(self.shape), list(self.order), **kwargs)``.
+
+        Examples:
+            >>> best = plan({"tp": 2, "dp": 2}, [Traffic("tp", "all_reduce", 1e6)], "h100_8x")[0]
+            >>> best.to_grid().shape
+            [2, 2]
+        """
+        from hypergrid.grid import HyperCommGrid
+
+        return HyperCommGrid(list(self.shape), list(self.order), **kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for JSON: order, shape, seconds, families, split.
+
+        Examples:
+            >>> plan({"tp": 2}, [], "h100_8x")[0].to_dict()
+            {'order': ['tp'], 'shape': [2], 'seconds': 0.0, 'families': {}, 'split': {}}
+        """
+        return {
+            "order": list(self.order),
+            "shape": list(self.shape),
+            "seconds": self.seconds,
+            "families": dict(self.families),
+            "split": {dim: list(parts) for dim, parts in self.split.items()},
+        }
+
+
+def _check_sizes(sizes: object) -> dict[str, int]:
+    if not isinstance(sizes, Mapping) or not sizes:
+        raise GridSpecError(f"sizes must be a non-empty dict of dim name to size, got {sizes!r}")
+    for name, size in sizes.items():
+        if not is_int(size) or size < 1:
+            raise GridSpecError(f"size of dim {name!r} must be a positive int, got {size!r}")
+    if len(sizes) > MAX_PLAN_DIMS:
+        raise InvalidArgumentError(
+            f"plan prices every order of the dims (n!): at most {MAX_PLAN_DIMS} dims, got {len(sizes)} ({list(sizes)})"
+        )
+    checked = {name: int(size) for name, size in sizes.items()}
+    GridLayout(list(checked.values()), list(checked))  # dim names, and a world of at most 2**31-1 ranks
+    return checked
+
+
+def _check_traffic(traffic: object, sizes: Mapping[str, int]) -> list[Traffic]:
+    entries = [traffic] if isinstance(traffic, Traffic) else traffic
+    if isinstance(entries, (str, bytes)) or not isinstance(entries, Iterable):
+        raise InvalidArgumentError(f"traffic must be a Traffic or a list of Traffic, got {traffic!r}")
+    out = []
+    for entry in entries:
+        if not isinstance(entry, Traffic):
+            raise InvalidArgumentError(f"traffic entries must be Traffic objects, got {entry!r}")
+        unknown = [d for d in entry.dims if d not in sizes]
+        if unknown:
+            raise DimsError(f"traffic on {entry.key!r} names dim(s) {unknown} not in sizes {list(sizes)}")
+        out.append(entry)
+    return out
+
+
+def _price(
+    order: tuple[str, ...],
+    shape: tuple[int, ...],
+    traffic: list[Traffic],
+    topology: Topology,
+    parts: dict[str, list[str]],
+) -> dict[str, float]:
+    families: dict[str, float] = {}
+    for entry in traffic:
+        chosen = sorted(order.index(part) for dim in entry.dims for part in parts.get(dim, [dim]))
+        span = span_at(shape, tuple(chosen), topology.unit_ranks)
+        seconds = entry.calls * collective_seconds(entry.op, entry.bytes, span, topology)
+        families[entry.key] = families.get(entry.key, 0.0) + seconds
+    return families
+
+
+def _splits(sizes: dict[str, int]) -> Iterable[tuple[str, dict[str, int]]]:
+    """Each dim split in two (``<dim>_intra`` x ``<dim>_inter``) at each proper divisor."""
+    for dim, size in sizes.items():
+        for inner in range(2, size):
+            if size % inner == 0:
+                parts = {f"{dim}{INTRA}": inner, f"{dim}{INTER}": size // inner}
+                clash = sorted(set(parts) & set(sizes))
+                if clash:
+                    raise DimsError(f"split=True names the parts of {dim!r} {clash}, which are already dims in sizes")
+                yield dim, {**{d: s for d, s in sizes.items() if d != dim}, **parts}
+
+
+def plan(
+    sizes: Mapping[str, int], traffic: Traffic | Iterable[Traffic], topology: Topology | str, split: bool = False
+) -> list[Plan]:
+    """Price every order of the dims on ``topology`` and return the plans, fastest first.
+
+    Args:
+        sizes: dim name to size, in the grid's dim order (ties keep the order given).
+        traffic: the `Traffic` entries to price (e.g. `llm_step_traffic`).
+        topology: a `Topology` or a preset name (``"h100_8x"``).
+        split: also consider each dim split into ``<dim>_intra`` (inner) and
+            ``<dim>_inter`` (outer) at each proper divisor of its size: hybrid meshes.
+
+    Returns:
+        One `Plan` per order (n!, plus the split orders), sorted by ``seconds``; equal
+        seconds keep the enumeration order (unsplit orders first).
+
+    Raises:
+        GridSpecError: empty sizes, a size that is not a positive int, a bad dim name.
+        InvalidArgumentError: more than 8 dims (9 with a split dim), a bad topology or traffic.
+        DimsError: traffic on a dim not in ``sizes``.
+
+    Examples:
+        >>> traffic = [Traffic("tp", "all_reduce", 64e6, calls=200), Traffic("dp", "all_reduce", 1e9)]
+        >>> plans = plan({"tp": 8, "dp": 16}, traffic, "h100_8x")
+        >>> [(p.order, round(p.seconds, 3)) for p in plans]
+        [(('tp', 'dp'), 0.109), (('dp', 'tp'), 0.504)]
+    """
+    dims = _check_sizes(sizes)
+    topo = Topology.preset(topology) if isinstance(topology, str) else topology
+    if not isinstance(topo, Topology):
+        raise InvalidArgumentError(f"topology must be a Topology or a preset name, got {topology!r}")
+    entries = _check_traffic(traffic, dims)
+    candidates: list[tuple[dict[str, int], dict[str, list[str]]]] = [(dims, {})]
+    if split:
+        if len(dims) + 1 > MAX_PLAN_DIMS:
+            raise InvalidArgumentError(
+                f"split=True adds a dim: at most {MAX_PLAN_DIMS - 1} dims, got {len(dims)} ({list(dims)})"
+            )
+        candidates += [(parted, {dim: [dim + INTRA, dim + INTER]}) for dim, parted in _splits(dims)]
+    plans = []
+    for grid_sizes, parts in candidates:
+        for order in itertools.permutations(grid_sizes):
+            if any(order.index(inter) - order.index(intra) < 2 for intra, inter in parts.values()):
+                continue  # intra is inner; adjacent parts would lay ranks out as the unsplit dim
+            shape = tuple(grid_sizes[d] for d in order)
+            families = _price(order, shape, entries, topo, parts)
+            split_of = {dim: (pair[0], pair[1]) for dim, pair in parts.items()}
+            plans.append(Plan(order, shape, sum(families.values(), 0.0), families, split_of))
+    return sorted(plans, key=lambda p: p.seconds)
