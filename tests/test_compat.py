@@ -60,10 +60,10 @@ def test_deepspeed_docstring_examples() -> None:
 @pytest.mark.parametrize(
     ("call", "error", "text"),
     [
-        (lambda t: t.get_dim("tensor"), DimsError, "'tensor'"),  # DeepSpeed answers 0
-        (lambda t: t.get_axis_comm_lists("tensor"), DimsError, "'tensor'"),  # DeepSpeed answers []
+        (lambda t: t.get_axis_list("tensor", 0), DimsError, "'tensor'"),  # DeepSpeed: ValueError too
+        (lambda t: t.filter_match(tensor=0), DimsError, "'tensor'"),  # DeepSpeed: AttributeError
         (lambda t: t.get_rank(pipe=0), RankError, "missing"),
-        (lambda t: t.filter_match(pipe=5), RankError, "pipe=5"),
+        (lambda t: t.get_rank(pipe=5, data=0), RankError, "pipe=5"),
         (lambda t: t.get_coord(99), RankError, "99"),
     ],
 )
