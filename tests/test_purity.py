@@ -23,8 +23,12 @@ ALLOWED = {
     "getters": {"facet", "layout"},
     "views": {"errors", "facet", "grid"},
     "nodes": {"errors", "facet"},
-    "mesh": {"errors", "facet", "layout"},
+    "meshspec": {"errors", "layout"},
+    "mesh": {"facet", "meshspec"},
+    "collectives": {"errors", "facet", "layout", "values"},
+    "pipeline": {"errors", "facet"},
     "grid": {
+        "collectives",
         "creation",
         "errors",
         "facet",
@@ -33,15 +37,17 @@ ALLOWED = {
         "layout",
         "mesh",
         "nodes",
+        "pipeline",
         "values",
         "views",
         "worldstate",
     },
+    "autograd": {"collectives", "grid", "layout"},
     "launch": {"errors", "values"},
     "cli": {"errors", "layout"},
     "demo": {"cli", "errors", "grid", "launch"},
 }
-PURE = ("errors", "values", "spec", "coordinates", "layout")
+PURE = ("errors", "values", "spec", "coordinates", "layout", "meshspec")
 
 
 def test_layout_core_loads_without_torch() -> None:
