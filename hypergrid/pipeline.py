@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from hypergrid.errors import InvalidArgumentError
+from hypergrid.errors import DimsError, InvalidArgumentError
 from hypergrid.facet import GridFacet
 
 __all__ = ["Pipeline"]
@@ -101,6 +101,8 @@ class Pipeline(GridFacet):
         for name, tensor in tensors.items():
             if tensor is not None and not isinstance(tensor, torch.Tensor):
                 raise InvalidArgumentError(f"p2p_ops: {name} must be a torch.Tensor or None, got {tensor!r}")
+        if len(self.layout.dim_indices(dim)) != 1:  # before any creation: one dim, like shift
+            raise DimsError(f"p2p_ops takes one dim, got {dim!r}")
         group = self._member_pg(dim, "p2p_ops")
         rank = dist.get_rank()
         given = [name for name, tensor in tensors.items() if tensor is not None]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from hypergrid.autograd import copy_to, gather_from, reduce_scatter_to, scatter_
 from hypergrid.compat.mpu import MPU
 from hypergrid.layout import GridLayout
 from hypergrid.meshspec import MeshPlan
+from tests import test_fuzz as fuzz
 from tests.strategies import GridCase, grids, layout_of
 
 
@@ -183,3 +185,46 @@ def test_mpu_roles_left_out_and_defaults() -> None:
     assert with_cp.get_data_parallel_world_size() == 1
     with pytest.raises(InvalidArgumentError, match="vp_stage=1"):
         mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=1)
+
+
+# -- fuzzed: hostile input gets a hypergrid error naming the value (the rules of tests/test_fuzz.py) --
+
+TOOL_GRID = HyperCommGrid([2, 1, 2], ["tp", "pp", "dp"])
+
+
+@given(st.one_of(fuzz.values, fuzz.names, st.lists(st.one_of(fuzz.names, fuzz.values), max_size=3)))
+def test_fuzz_mesh_plan(dims: Any) -> None:
+    plan = fuzz._checked(lambda: MeshPlan(TOOL_GRID.layout, dims), dims)
+    if isinstance(plan, MeshPlan):
+        assert math.prod(plan.shape) == plan.ranks(0).size
+
+
+@given(fuzz.values, st.one_of(fuzz.values, st.sampled_from(["tp", "pp", "dp"])))
+def test_fuzz_ring_neighbours(rank: Any, dim: Any) -> None:
+    if rank is not None:
+        fuzz._checked(lambda: TOOL_GRID.prev_rank(dim, rank=rank), dim, rank)
+        fuzz._checked(lambda: TOOL_GRID.next_rank(dim, rank=rank), dim, rank)
+
+
+@given(st.one_of(fuzz.values, fuzz.names), fuzz.values, fuzz.values)
+def test_fuzz_mpu_roles(data: Any, tensor: Any, context: Any) -> None:
+    fuzz._checked(
+        lambda: MPU(TOOL_GRID, data=data, tensor=tensor, context=context, create=False), data, tensor, context
+    )
+
+
+@pytest.mark.usefixtures("one_rank_world_module")
+@given(st.one_of(fuzz.values, st.sampled_from(["tp", "pp-tp", ["tp", "pp"]])), fuzz.values, fuzz.values)
+def test_fuzz_collectives_in_a_live_world(dims: Any, dim: Any, value: Any) -> None:
+    grid = HyperCommGrid([1, 1], ["tp", "pp"])
+    x = torch.zeros(2, 2)
+    fuzz._checked(lambda: grid.all_reduce(x, dims), dims)
+    fuzz._checked(lambda: grid.all_reduce(value, "tp"), value)
+    fuzz._checked(lambda: grid.all_gather(x, dims, dim=dim), dims, dim)
+    fuzz._checked(lambda: grid.reduce_scatter(x, dims, dim=dim), dims, dim)
+    fuzz._checked(lambda: grid.broadcast(x, dims, group_src=value), dims, value)
+    fuzz._checked(lambda: grid.barrier(dims), dims)
+    fuzz._checked(lambda: grid.own_chunk(x, dims, dim=dim), dims, dim)
+    fuzz._checked(lambda: grid.p2p_ops(dims, send_next=value), dims, value)
+    fuzz._checked(lambda: scatter_to(x, grid, dims, dim=dim), dims, dim)
+    grid.destroy()
