@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from hypergrid.errors import NotInitializedError
+from hypergrid.errors import NotInitializedError, RankError
 
 if TYPE_CHECKING:
     from hypergrid.layout import Dims, GridLayout
@@ -23,7 +23,7 @@ __all__ = ["GridFacet"]
 
 
 class GridFacet:
-    """Base of the grid's capability mixins: the registry members they use, and two small helpers."""
+    """Base of the grid's capability mixins: the registry members they use, and three small helpers."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
         layout: GridLayout
@@ -55,3 +55,19 @@ class GridFacet:
             return rank
         self._require_initialized("a getter without an explicit rank")
         return dist.get_rank()
+
+    def _member_pg(self, dims: Dims, what: str) -> dist.ProcessGroup:
+        """The caller's group over ``dims`` (created on first use); ``RankError`` outside the grid.
+
+        Every rank calls ``pg`` first, members or not, so that a creation that
+        needs the whole world (strategy ``"enumerate"``) completes on the
+        members before a non-member raises.
+        """
+        group = self.pg(dims)
+        if group is None:
+            raise RankError(
+                f"{what}: rank {dist.get_rank()} is outside the grid of shape {self.shape} {self.dim_names} "
+                f"(ranks {self.rank_offset}..{self.rank_offset + self.size - 1}), so it has no group over "
+                f"dims {dims!r}; only the grid's ranks may call it"
+            )
+        return group

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from hypergrid.collectives import Collectives
 from hypergrid.creation import check_can_split, check_strategy, create_family
 from hypergrid.errors import (
     BackendError,
@@ -30,6 +31,7 @@ from hypergrid.guard import CreationRequest, agree, members_scope, world_scope
 from hypergrid.layout import Dims, GridLayout, resolve_shape
 from hypergrid.mesh import MeshExport
 from hypergrid.nodes import NodeAwareness
+from hypergrid.pipeline import Pipeline
 from hypergrid.values import check_timeout
 from hypergrid.views import Views
 from hypergrid.worldstate import held_group_count
@@ -77,7 +79,7 @@ def _normalize_backend(backend: object, what: str) -> str | None:
     return backend.lower()
 
 
-class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
+class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Collectives, Pipeline):
     """An N-dimensional grid of ranks with named dims and lazily created process groups.
 
     ``dim_names[0]`` is the innermost dim (consecutive ranks), as in

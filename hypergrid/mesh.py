@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import torch
 
-from hypergrid.errors import WorldSizeError
 from hypergrid.facet import GridFacet
-from hypergrid.layout import KEY_SEPARATOR, Dims
+from hypergrid.meshspec import MeshDims, MeshPlan
 
 __all__ = ["MeshExport"]
 
@@ -17,24 +15,39 @@ __all__ = ["MeshExport"]
 class MeshExport(GridFacet):
     """Export to ``torch.distributed.device_mesh.DeviceMesh`` (a mixin of ``HyperCommGrid``)."""
 
-    def to_device_mesh(self, dims: Dims, device_type: str = "cpu") -> Any:
+    def to_device_mesh(self, dims: MeshDims, device_type: str = "cpu") -> Any:
         """A torch ``DeviceMesh`` over ``dims`` whose process groups are this grid's (no second set).
 
         Mesh dims come in the order given (``["dp", "tp"]``: dp outer, tp inner,
-        as ``init_device_mesh`` would take them). **Collective** on first use of
-        each dim's family (through ``pg``). The caller must be in the grid.
+        as ``init_device_mesh`` would take them). An element may be a tuple of
+        grid dims forming one mesh dim, named by joining them with ``_`` and
+        named outermost first: ``["dp", ("pp", "tp")]`` gives mesh dims
+        ``("dp", "pp_tp")``, whose second dim's groups are the grid's family
+        over ``pp`` and ``tp``.
+
+        **Collective** on first use of each mesh dim's family (through ``pg``),
+        in the order given: every rank that takes part in creation calls it,
+        including ranks outside a sub-grid, which then get ``RankError``.
+
+        Raises:
+            DimsError: unknown or repeated dims, or a combined dim not named outermost first.
+            RankError: the caller is outside the grid (after taking part in creation).
+
+        Examples:
+            >>> import torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1, 1, 1], ["tp", "pp", "dp"])
+            >>> mesh = grid.to_device_mesh(["dp", ("pp", "tp")])
+            >>> mesh.mesh_dim_names, mesh.get_group("pp_tp") is grid.get_pg("pp-tp")
+            (('dp', 'pp_tp'), True)
+            >>> grid.destroy(); dist.destroy_process_group()
         """
         from torch.distributed.device_mesh import DeviceMesh
 
-        names = list(dims.split(KEY_SEPARATOR)) if isinstance(dims, str) else list(dims)
-        self.layout.dim_indices(names)  # validates: known, distinct, non-empty
-        rank = self._rank(None)
-        if not self.layout.contains(rank):
-            raise WorldSizeError(f"rank {rank} is outside the grid {self.shape} (offset {self.rank_offset})")
-        groups = [group for group in (self.pg(name) for name in names) if group is not None]
-        coord = self.layout.coord_of(rank)._asdict()
-        shape = [self.layout.dim_size(name) for name in names]
-        points = itertools.product(*(range(size) for size in shape))
-        mesh = [self.layout.rank_at(**{**coord, **dict(zip(names, point))}) for point in points]
-        tensor = torch.tensor(mesh, dtype=torch.int).reshape(shape)
-        return DeviceMesh.from_group(groups, device_type, mesh=tensor, mesh_dim_names=tuple(names))
+        plan = MeshPlan(self.layout, dims)
+        for group in plan.members:  # every family first: a non-member raises only after all creations
+            self.pg(list(group))
+        groups = [self._member_pg(list(group), "to_device_mesh") for group in plan.members]
+        mesh = torch.from_numpy(plan.ranks(self._rank(None))).to(torch.int)
+        return DeviceMesh.from_group(groups, device_type, mesh=mesh, mesh_dim_names=plan.names)

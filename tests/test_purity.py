@@ -23,8 +23,12 @@ ALLOWED = {
     "getters": {"facet", "layout"},
     "views": {"errors", "facet", "grid"},
     "nodes": {"errors", "facet"},
-    "mesh": {"errors", "facet", "layout"},
+    "meshspec": {"errors", "layout"},
+    "mesh": {"facet", "meshspec"},
+    "collectives": {"errors", "facet", "layout", "values"},
+    "pipeline": {"errors", "facet"},
     "grid": {
+        "collectives",
         "creation",
         "errors",
         "facet",
@@ -33,10 +37,12 @@ ALLOWED = {
         "layout",
         "mesh",
         "nodes",
+        "pipeline",
         "values",
         "views",
         "worldstate",
     },
+    "autograd": {"collectives", "grid", "layout"},
     "launch": {"errors", "values"},
     "cli": {"errors", "layout"},
     "cli_plan": {"errors", "topology"},
@@ -49,7 +55,7 @@ ALLOWED = {
     "topology/calibrate": {"errors", "topology"},
     "demo": {"cli", "errors", "grid", "launch"},
 }
-PURE = ("errors", "values", "spec", "coordinates", "layout", *(m for m in ALLOWED if m.startswith("topology/")))
+PURE = ("errors", "values", "spec", "coordinates", "layout", "meshspec", *(m for m in ALLOWED if m.startswith("topology/")))
 
 
 def test_layout_core_loads_without_torch() -> None:

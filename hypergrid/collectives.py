@@ -1,0 +1,247 @@
+"""Collectives on a family: all-reduce, all-gather, reduce-scatter, broadcast and barrier over any dims.
+
+Each method runs on the caller's group over ``dims``, fetched through the
+grid's lazy accessor ``pg(dims)``: the family is created on first use, so
+the first call is also a collective creation (every rank that takes part in
+creation calls it, for the same dims, in the same order; the guard checks
+that). A rank outside the grid takes part in that creation, then raises
+``RankError``: torch reads a missing group as the whole world, so hypergrid
+never hands one on.
+
+Chunks and concatenations follow the family's group order: group rank ``i``
+is the ``i``-th rank of ``grid.group_ranks(dims)`` (ascending global ranks).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hypergrid.errors import InvalidArgumentError
+from hypergrid.facet import GridFacet
+from hypergrid.layout import Dims
+from hypergrid.values import as_int, is_int
+
+__all__ = ["Collectives"]
+
+# torch 2.13 renamed the single-tensor collectives; older releases (>= 2.4) have only the old names.
+_all_gather_single: Any = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single: Any = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def tensor_dim(tensor: object, dim: object, what: str) -> int:
+    """``dim`` of ``tensor`` as a non-negative index, checked.
+
+    Raises:
+        InvalidArgumentError: ``tensor`` is not a tensor with at least one dim,
+            or ``dim`` is not an int in ``-ndim .. ndim-1``.
+
+    Examples:
+        >>> tensor_dim(torch.zeros(2, 3), -1, "all_gather")
+        1
+    """
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+        raise InvalidArgumentError(f"{what} needs a tensor with at least one dim, got {tensor!r}")
+    ndim = tensor.dim()
+    index = as_int(dim)
+    if index is None or not -ndim <= index < ndim:
+        raise InvalidArgumentError(
+            f"{what}: dim={dim!r} is not a dim of a tensor of shape {list(tensor.shape)} "
+            f"(expected an int in {-ndim}..{ndim - 1})"
+        )
+    return index % ndim
+
+
+def _check_tensor(tensor: object, what: str) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidArgumentError(f"{what} needs a torch.Tensor, got {tensor!r}")
+    return tensor
+
+
+class Collectives(GridFacet):
+    """Collectives on the caller's group of any family (a mixin of ``HyperCommGrid``)."""
+
+    def _chunk_dim(self, tensor: torch.Tensor, dims: Dims, dim: int, what: str) -> tuple[int, int]:
+        """``(dim, chunk size)`` for splitting ``tensor`` along ``dim`` into one chunk per group member."""
+        index = tensor_dim(tensor, dim, what)
+        members = self.layout.group_size(dims)
+        size = tensor.shape[index]
+        if size % members:
+            raise InvalidArgumentError(
+                f"{what} over dims {dims!r}: dim {dim} of a tensor of shape {list(tensor.shape)} has size {size}, "
+                f"which does not divide into {members} equal chunks (the group size)"
+            )
+        return index, size // members
+
+    def own_chunk(self, tensor: torch.Tensor, dims: Dims, dim: int = 0) -> torch.Tensor:
+        """The caller's chunk of ``tensor`` split along ``dim`` in the family's group order (no communication).
+
+        The chunk is a view; it is what ``reduce_scatter`` leaves on this rank,
+        before the reduction.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            InvalidArgumentError: a bad ``dim``, or a size along it that the group size does not divide.
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch, torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> HyperCommGrid([1, 1], ["tp", "dp"]).own_chunk(torch.arange(4), "tp").tolist()
+            [0, 1, 2, 3]
+            >>> dist.destroy_process_group()
+        """
+        index, chunk = self._chunk_dim(tensor, dims, dim, "own_chunk")
+        position = self.layout.group_ranks(dims, self._rank(None)).index(self._rank(None))
+        return tensor.narrow(index, position * chunk, chunk)
+
+    def all_reduce(
+        self, tensor: torch.Tensor, dims: Dims, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False
+    ) -> dist.Work | None:
+        """Reduce ``tensor`` in place over the caller's group of the family over ``dims``.
+
+        Args:
+            tensor: the tensor, reduced in place.
+            dims: the family (a name, a key like ``"dp-tp"``, or a list of names).
+            op: the reduction (``torch.distributed.ReduceOp``).
+            async_op: return torch's work handle instead of waiting.
+
+        Returns:
+            The work handle with ``async_op=True``, else ``None``.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            InvalidArgumentError: ``tensor`` is not a tensor.
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch, torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid, x = HyperCommGrid([1, 1], ["tp", "dp"]), torch.ones(2)
+            >>> grid.all_reduce(x, "dp-tp"); x.tolist()
+            [1.0, 1.0]
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        _check_tensor(tensor, "all_reduce")
+        group = self._member_pg(dims, "all_reduce")
+        work: dist.Work | None = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+        return work
+
+    def all_gather(self, tensor: torch.Tensor, dims: Dims, dim: int = 0) -> torch.Tensor:
+        """The members' ``tensor``s concatenated along ``dim`` in the family's group order.
+
+        Every member passes a tensor of the same shape; the result's size along
+        ``dim`` is the group size times the input's.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            InvalidArgumentError: not a tensor, or a bad ``dim``.
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch, torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1], ["tp"])
+            >>> grid.all_gather(torch.ones(2, 3), "tp", dim=1).shape
+            torch.Size([2, 3])
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        index = tensor_dim(tensor, dim, "all_gather")
+        group = self._member_pg(dims, "all_gather")
+        moved = tensor.movedim(index, 0).contiguous()
+        out = moved.new_empty((self.layout.group_size(dims) * moved.shape[0], *moved.shape[1:]))
+        _all_gather_single(out, moved, group=group)
+        return out.movedim(0, index).contiguous()
+
+    def reduce_scatter(
+        self, tensor: torch.Tensor, dims: Dims, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, dim: int = 0
+    ) -> torch.Tensor:
+        """Reduce ``tensor`` over the group and return the caller's chunk along ``dim`` (group order).
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            InvalidArgumentError: not a tensor, a bad ``dim``, or a size along
+                ``dim`` that the group size does not divide.
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch, torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1], ["tp"])
+            >>> grid.reduce_scatter(torch.arange(4.0), "tp").tolist()
+            [0.0, 1.0, 2.0, 3.0]
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        index, chunk = self._chunk_dim(tensor, dims, dim, "reduce_scatter")
+        group = self._member_pg(dims, "reduce_scatter")
+        moved = tensor.movedim(index, 0).contiguous()
+        out = moved.new_empty((chunk, *moved.shape[1:]))
+        _reduce_scatter_single(out, moved, op=op, group=group)
+        return out.movedim(0, index).contiguous()
+
+    def broadcast(
+        self, tensor: torch.Tensor, dims: Dims, group_src: int = 0, async_op: bool = False
+    ) -> dist.Work | None:
+        """Broadcast ``tensor`` in place from group rank ``group_src`` of the caller's group over ``dims``.
+
+        ``group_src`` is a position in the family's group order (0 is
+        ``grid.src_rank(dims)``); it is turned into the global rank torch expects.
+
+        Returns:
+            The work handle with ``async_op=True``, else ``None``.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            InvalidArgumentError: not a tensor, or ``group_src`` not in ``0 .. group_size-1``.
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch, torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1], ["tp"])
+            >>> grid.broadcast(torch.ones(1), "tp", group_src=1)  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+              ...
+            hypergrid.errors.InvalidArgumentError: broadcast over dims 'tp': group_src=1 is not a rank ...
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        _check_tensor(tensor, "broadcast")
+        members = self.layout.group_size(dims)
+        if not is_int(group_src) or not 0 <= group_src < members:
+            raise InvalidArgumentError(
+                f"broadcast over dims {dims!r}: group_src={group_src!r} is not a rank of the group "
+                f"(expected an int in 0..{members - 1})"
+            )
+        group = self._member_pg(dims, "broadcast")
+        src = self.layout.group_ranks(dims, dist.get_rank())[group_src]
+        work: dist.Work | None = dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+        return work
+
+    def barrier(self, dims: Dims, async_op: bool = False) -> dist.Work | None:
+        """Wait until every member of the caller's group over ``dims`` reaches it.
+
+        Returns:
+            The work handle with ``async_op=True``, else ``None``.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1], ["tp"])
+            >>> grid.barrier("tp")
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        group = self._member_pg(dims, "barrier")
+        work: dist.Work | None = dist.barrier(group=group, async_op=async_op)
+        return work
