@@ -16,6 +16,7 @@ ALLOWED = {
     "spec": {"errors", "values"},
     "coordinates": {"errors", "spec", "values"},
     "layout": {"coordinates", "errors", "spec", "values"},
+    "economy": {"errors", "layout"},
     "worldstate": set(),
     "creation": {"errors", "worldstate"},
     "guard": {"errors", "values", "worldstate"},
@@ -24,6 +25,7 @@ ALLOWED = {
     "views": {"errors", "facet", "grid"},
     "nodes": {"errors", "facet"},
     "mesh": {"errors", "facet", "layout"},
+    "communicators": {"economy", "errors", "facet"},
     "grid": {
         "creation",
         "errors",
@@ -38,10 +40,10 @@ ALLOWED = {
         "worldstate",
     },
     "launch": {"errors", "values"},
-    "cli": {"errors", "layout"},
+    "cli": {"economy", "errors", "layout"},
     "demo": {"cli", "errors", "grid", "launch"},
 }
-PURE = ("errors", "values", "spec", "coordinates", "layout")
+PURE = ("errors", "values", "spec", "coordinates", "layout", "economy")
 
 
 def test_layout_core_loads_without_torch() -> None:
