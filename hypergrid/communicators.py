@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from hypergrid.economy import PartitionSignature, key_label
-from hypergrid.errors import InvalidArgumentError, UnexpectedArgumentError
+from hypergrid.errors import BackendError, InvalidArgumentError, UnexpectedArgumentError
 from hypergrid.facet import GridFacet
 
 __all__ = [
@@ -31,6 +31,9 @@ __all__ = [
     "check_tag",
     "describe_options",
     "describe_pg_options",
+    "family_options",
+    "normalize_backend",
+    "share_key",
 ]
 
 #: Options a family's groups accept (passed on to torch), grid-wide or per call.
@@ -104,6 +107,62 @@ def check_group_options(options: Mapping[str, Any] | None, what: str = "group_op
     return checked
 
 
+def normalize_backend(backend: object, what: str) -> str | None:
+    """``None``, or a backend name in lower case.
+
+    Raises:
+        BackendError: anything else.
+
+    Examples:
+        >>> normalize_backend("NCCL", "backend"), normalize_backend(None, "backend")
+        ('nccl', None)
+    """
+    if backend is None:
+        return None
+    if not isinstance(backend, str) or not backend:
+        raise BackendError(f"{what} must be None or a backend name such as 'nccl' or 'gloo', got {backend!r}")
+    return backend.lower()
+
+
+def family_options(
+    kwargs: Mapping[str, Any], defaults: Mapping[str, Any], grid_backend: str | None, tag: str | None
+) -> tuple[str | None, dict[str, Any]]:
+    """The backend and checked options of one ``create_pg`` call: the grid's defaults, overridden by the call.
+
+    Args:
+        kwargs: the call's keyword arguments (``GROUP_OPTIONS`` and ``backend``).
+        defaults: the grid's checked ``group_options``.
+        grid_backend: the grid's backend (``None``: the default group's).
+        tag: the family's tag; only a tagged family may use another backend.
+
+    Raises:
+        UnexpectedArgumentError: an unknown keyword argument.
+        BackendError: a bad backend, or another backend than the grid's on an untagged family.
+        InvalidArgumentError: a bad option value.
+
+    Examples:
+        >>> family_options({"backend": "gloo"}, {"group_desc": "DP"}, "nccl", "cpu")
+        ('gloo', {'group_desc': 'DP'})
+    """
+    unknown = sorted(set(kwargs) - set(GROUP_OPTIONS) - {"backend"})
+    if unknown:
+        raise UnexpectedArgumentError(
+            f"create_pg got unexpected keyword argument(s) {unknown}; accepted: "
+            f"{[*GROUP_OPTIONS, 'backend', 'tag', 'strategy']}"
+        )
+    options = check_group_options({**defaults, **{name: kwargs[name] for name in GROUP_OPTIONS if name in kwargs}})
+    asked = normalize_backend(kwargs.get("backend"), "create_pg's backend")
+    if asked is None or asked == grid_backend:
+        return grid_backend, options
+    if tag is None and grid_backend is not None:
+        raise BackendError(
+            f"create_pg was asked for backend {kwargs['backend']!r} but this grid was built with backend "
+            f"{grid_backend!r}; give the family a tag (create_pg(..., backend={kwargs['backend']!r}, tag='cpu')) "
+            "for a second communicator on another backend"
+        )
+    return asked, options
+
+
 def describe_pg_options(pg_options: object, depth: int = 2) -> str:
     """A stable description of a backend options object: its type and settable values, not its identity.
 
@@ -141,8 +200,13 @@ def describe_pg_options(pg_options: object, depth: int = 2) -> str:
     return f"{kind}({', '.join(fields)})"
 
 
-def describe_options(options: Mapping[str, Any]) -> str:
+def describe_options(options: Mapping[str, Any], skip: Iterable[str] = ()) -> str:
     """The description of checked group options that ranks compare and the pool keys on.
+
+    Args:
+        options: checked options (``check_group_options``).
+        skip: option names to leave out (``group_desc``, a mere label, takes no
+            part in sharing).
 
     Examples:
         >>> import datetime
@@ -153,7 +217,7 @@ def describe_options(options: Mapping[str, Any]) -> str:
     """
     parts = []
     for name in GROUP_OPTIONS:
-        if name in options:
+        if name in options and name not in skip:
             parts.append(f"{name}={describe_pg_options(options[name])}")
     return " ".join(parts) or "defaults"
 
@@ -167,14 +231,15 @@ class PoolEntry:
         backend: the backend asked for (``None``: the default group's).
         tag: the communicator tag, or ``None``.
         options: the options description.
-        holders: the registry keys served by this group, in the order they were added.
+        holders: who holds the group (a grid and one of its keys), each with the
+            registry key to show for it, in the order they were added.
     """
 
     group: Any
     backend: str | None
     tag: str | None
     options: str
-    holders: list[Hashable] = field(default_factory=list)
+    holders: dict[Hashable, Hashable] = field(default_factory=dict)
 
 
 def _destroyable(group: Any) -> bool:
@@ -206,24 +271,30 @@ class GroupPool:
         return self._entries.get(share_key)
 
     def add(
-        self, share_key: Hashable, group: Any, holder: Hashable, *, backend: str | None, tag: str | None, options: str
+        self,
+        share_key: Hashable,
+        group: Any,
+        holder: Hashable,
+        label: Hashable = None,
+        *,
+        backend: str | None,
+        tag: str | None,
+        options: str,
     ) -> PoolEntry:
-        """Record a newly created group under ``share_key``, held by ``holder``."""
-        entry = PoolEntry(group, backend, tag, options)
-        self._entries[share_key] = entry
-        return self.hold(share_key, holder)
+        """Record a newly created group under ``share_key``, held by ``holder`` (shown as ``label``)."""
+        self._entries[share_key] = PoolEntry(group, backend, tag, options)
+        return self.hold(share_key, holder, label)
 
-    def hold(self, share_key: Hashable, holder: Hashable) -> PoolEntry:
-        """Let ``holder`` (a registry key) use the group of ``share_key``."""
+    def hold(self, share_key: Hashable, holder: Hashable, label: Hashable = None) -> PoolEntry:
+        """Let ``holder`` use the group of ``share_key``; ``label`` (default: ``holder``) names it in reports."""
         entry = self._entries[share_key]
-        if holder not in entry.holders:
-            entry.holders.append(holder)
+        entry.holders[holder] = holder if label is None else label
         self._share_key_of[holder] = share_key
         return entry
 
     def keys_of(self, share_key: Hashable) -> list[Hashable]:
-        """The registry keys the group of ``share_key`` serves."""
-        return list(self._entries[share_key].holders)
+        """The labels of the keys the group of ``share_key`` serves, in the order they were added."""
+        return list(self._entries[share_key].holders.values())
 
     def entries(self) -> list[PoolEntry]:
         """Every entry, in creation order."""
@@ -240,7 +311,7 @@ class GroupPool:
             if share_key is None:
                 continue
             entry = self._entries[share_key]
-            entry.holders.remove(holder)
+            del entry.holders[holder]
             if not entry.holders:
                 del self._entries[share_key]
                 if _destroyable(entry.group):
@@ -274,6 +345,17 @@ class Communicators(GridFacet):
             Dicts with ``ranks``, ``size``, ``backend``, ``tag``, ``keys`` (the
             canonical keys served; a view's as ``"view:dims"``) and ``options``
             (the options description).
+
+        Examples:
+            >>> import torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1, 1], ["tp", "dp"])
+            >>> grid.pg("tp") is grid.pg("dp-tp")
+            True
+            >>> [(c["ranks"], c["keys"]) for c in grid.communicators()]
+            [([0], ['tp', 'dp-tp'])]
+            >>> grid.destroy(); dist.destroy_process_group()
         """
         report = []
         for entry in self._pool.entries():
@@ -286,7 +368,7 @@ class Communicators(GridFacet):
                     "size": len(ranks),
                     "backend": str(dist.get_backend(entry.group)),
                     "tag": entry.tag,
-                    "keys": [key_label(key) for key in entry.holders],
+                    "keys": [key_label(key) for key in entry.holders.values()],
                     "options": entry.options,
                 }
             )

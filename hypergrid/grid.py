@@ -9,20 +9,28 @@ the default group, through ``torch.distributed.new_subgroups_by_enumeration``.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch.distributed as dist
 
+from hypergrid.communicators import (
+    Communicators,
+    GroupPool,
+    check_group_options,
+    check_tag,
+    describe_options,
+    family_options,
+    normalize_backend,
+    share_key,
+)
 from hypergrid.creation import check_can_split, check_strategy, create_family
+from hypergrid.economy import partition_signature
 from hypergrid.errors import (
-    BackendError,
     GroupExistsError,
     GroupNotFoundError,
     InvalidArgumentError,
-    UnexpectedArgumentError,
     WorldSizeError,
 )
 from hypergrid.getters import CoordinateGetters
@@ -36,8 +44,8 @@ from hypergrid.worldstate import held_group_count
 
 __all__ = ["HyperCommGrid", "world_size_hint"]
 
-# Keyword arguments create_pg hands on to torch.distributed.new_subgroups_by_enumeration.
-_PASS_THROUGH = ("timeout", "pg_options", "group_desc")
+#: Joins a family's key and its communicator tag in the registry (``"dp-tp@ag"``).
+TAG_SEPARATOR = "@"
 
 
 def world_size_hint() -> int | None:
@@ -69,15 +77,7 @@ def world_size_hint() -> int | None:
     return world
 
 
-def _normalize_backend(backend: object, what: str) -> str | None:
-    if backend is None:
-        return None
-    if not isinstance(backend, str) or not backend:
-        raise BackendError(f"{what} must be None or a backend name such as 'nccl' or 'gloo', got {backend!r}")
-    return backend.lower()
-
-
-class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
+class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Communicators):
     """An N-dimensional grid of ranks with named dims and lazily created process groups.
 
     ``dim_names[0]`` is the innermost dim (consecutive ranks), as in
@@ -106,12 +106,21 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
             ``hypergrid.guard``); a mismatch or a missing rank raises on all
             of them instead of hanging. On by default.
         guard_timeout_s: how long the guard waits for the other ranks.
+        share_groups: families (of this grid and its views) whose groups have
+            the same members, backend, options and tag share one process group
+            object (see ``communicators()``); ``False`` creates one group per
+            family, as Megatron does.
+        group_options: defaults for every family and view: ``timeout``,
+            ``pg_options``, ``group_desc`` (passed to torch); a ``create_pg``
+            keyword overrides them for one family.
 
     Raises:
         GridSpecError: invalid shape, names or offset.
         WorldSizeError: ``rank_offset + size`` exceeds the known world size.
         BackendError: ``backend`` is not None or a backend name.
-        InvalidArgumentError: unknown ``strategy``, or a bad ``guard_timeout_s``.
+        InvalidArgumentError: unknown ``strategy``, a bad ``guard_timeout_s`` or
+            ``share_groups``, or a bad value in ``group_options``.
+        UnexpectedArgumentError: an unknown name in ``group_options``.
 
     Examples:
         >>> grid = HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"])
@@ -133,18 +142,26 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
         strategy: str = "enumerate",
         guard: bool = True,
         guard_timeout_s: float = 300.0,
+        share_groups: bool = True,
+        group_options: Mapping[str, Any] | None = None,
     ) -> None:
         world = world_size_hint()
         self.layout = GridLayout(resolve_shape(shape, world, rank_offset), dim_names, rank_offset)
-        self.backend = _normalize_backend(backend, "backend")
+        self.backend = normalize_backend(backend, "backend")
         self.strategy = check_strategy(strategy)
         if not isinstance(guard, bool):
             raise InvalidArgumentError(f"guard must be True or False, got {guard!r}")
         self.guard = guard
         self.guard_timeout_s = check_timeout(guard_timeout_s, "guard_timeout_s")
+        if not isinstance(share_groups, bool):
+            raise InvalidArgumentError(f"share_groups must be True or False, got {share_groups!r}")
+        self.share_groups = share_groups
+        self.group_options = check_group_options(group_options)
         self._check_fits(world)
-        # Canonical key -> the caller's group (None where the caller is in no group).
+        # Canonical key (``key@tag`` when tagged) -> the caller's group (None where it is in no group).
         self._groups: dict[str, dist.ProcessGroup | None] = {}
+        # The groups of this grid and its views, shared by partition, backend, options and tag.
+        self._pool = GroupPool()
         # Creations asked of this grid so far (never reset): part of what the guard compares.
         self._creations = 0
         # For a view: the grid it folds, and the dims whose families it takes from there.
@@ -190,30 +207,9 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
                 f"(0..{world - 1})"
             )
 
-    def _creation_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(kwargs) - set(_PASS_THROUGH) - {"backend"})
-        if unknown:
-            raise UnexpectedArgumentError(
-                f"create_pg got unexpected keyword argument(s) {unknown}; accepted: {[*_PASS_THROUGH, 'backend']}"
-            )
-        options = {name: kwargs[name] for name in _PASS_THROUGH if name in kwargs}
-        timeout = options.get("timeout")
-        if timeout is not None and not (isinstance(timeout, datetime.timedelta) and timeout.total_seconds() > 0):
-            raise InvalidArgumentError(f"timeout must be a positive datetime.timedelta or None, got {timeout!r}")
-        desc = options.get("group_desc")
-        if desc is not None and not isinstance(desc, str):
-            raise InvalidArgumentError(f"group_desc must be a str or None, got {desc!r}")
-        backend = self.backend
-        if "backend" in kwargs:
-            asked = _normalize_backend(kwargs["backend"], "create_pg's backend")
-            if backend is not None and asked is not None and asked != backend:
-                raise BackendError(
-                    f"create_pg was asked for backend {kwargs['backend']!r} but this grid was built "
-                    f"with backend {self.backend!r}; build a separate grid for another backend"
-                )
-            backend = backend or asked
-        options["backend"] = backend
-        return options
+    def _registry_key(self, dims: Dims, tag: str | None) -> str:
+        key = self.layout.key(dims)
+        return key if tag is None else f"{key}{TAG_SEPARATOR}{tag}"
 
     # -- groups -------------------------------------------------------------
 
@@ -232,27 +228,45 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
         """
         return self.layout.rank_enum(dims)
 
-    def create_pg(self, dims: Dims, *, strategy: str | None = None, **kwargs: Any) -> dist.ProcessGroup | None:
+    def create_pg(
+        self, dims: Dims, *, strategy: str | None = None, tag: str | None = None, **kwargs: Any
+    ) -> dist.ProcessGroup | None:
         """Create the process groups of the family over ``dims``; return the caller's.
 
         Collective: with strategies ``"enumerate"`` and ``"split"`` every rank
         of the default group must call it, for the same dims, in the same
         order; with ``"local"`` the members of each group must. Keyword
-        arguments ``timeout``, ``pg_options`` and ``group_desc`` are passed to
-        torch (``new_subgroups_by_enumeration``, ``new_group`` or
-        ``split_group``); ``backend`` may be given if it agrees with the grid's.
+        arguments ``timeout``, ``pg_options`` and ``group_desc`` (default: the
+        grid's ``group_options``) are passed to torch
+        (``new_subgroups_by_enumeration``, ``new_group`` or ``split_group``).
         ``strategy`` overrides the grid's for this family.
+
+        With ``share_groups`` on (the default), a family whose groups have the
+        same members, backend, options and tag as a family created before (on
+        this grid or its views) gets that family's process group object and
+        creates nothing: over a size-1 dim, ``"cp-tp"`` is ``"cp"``'s group.
+        ``group_desc`` is a label and does not prevent sharing. The guard
+        still checks the request, so all ranks agree either way.
+
+        Args:
+            dims: the family's dims, in any order.
+            strategy: how to create it (default: the grid's).
+            tag: a short identifier for a separate communicator over the same
+                family (Megatron's second data-parallel communicator, a gloo
+                twin); it never shares with an untagged group.
+            **kwargs: ``timeout``, ``pg_options``, ``group_desc``; ``backend``,
+                which must agree with the grid's unless ``tag`` is given.
 
         Returns:
             The group holding the calling rank, or ``None`` on ranks outside the grid.
 
         Raises:
             DimsError: unknown, repeated or no dims.
-            GroupExistsError: (a ``KeyError``) this family was already created.
+            GroupExistsError: (a ``KeyError``) this family (with this tag) was already created.
             UnexpectedArgumentError: an unknown keyword argument.
-            BackendError: ``backend`` conflicts with the grid's, or ``"split"``
-                where the default group cannot split.
-            InvalidArgumentError: unknown ``strategy``.
+            BackendError: ``backend`` conflicts with the grid's on an untagged
+                family, or ``"split"`` where the default group cannot split.
+            InvalidArgumentError: unknown ``strategy``, a bad ``tag`` or option value.
             NotInitializedError: torch.distributed is not initialized.
             WorldSizeError: the grid does not fit in the world.
             DesyncError: (guard on) the participating ranks asked for different things.
@@ -269,32 +283,44 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
             ([0], 'TP_DP', ['dp-tp'])
             >>> grid.get_pg("tp-dp") is group
             True
+            >>> grid.create_pg("dp") is group, grid.create_pg("dp", tag="ag") is group
+            (True, False)
+            >>> grid.created_keys
+            ['dp-tp', 'dp', 'dp@ag']
             >>> grid.destroy()
             >>> dist.destroy_process_group()
         """
         key = self.layout.key(dims)
-        options = self._creation_options(kwargs)
+        tag = check_tag(tag)
+        registry_key = self._registry_key(key, tag)
+        backend, options = family_options(kwargs, self.group_options, self.backend, tag)
         chosen = self.strategy if strategy is None else check_strategy(strategy)
-        if key in self._groups:
+        if registry_key in self._groups:
+            what = "" if tag is None else f" with tag {tag!r}"
             raise GroupExistsError(
-                f"the process group for dims {dims!r} (key {key!r}) was already created on this grid; "
-                "use get_pg to fetch it, or destroy() the grid's groups first"
+                f"the process group for dims {dims!r}{what} (key {registry_key!r}) was already created on this "
+                "grid; use get_pg to fetch it, or destroy() the grid's groups first"
             )
         if self._parent is not None and set(self.layout.canonical_dims(key)) <= set(self.shared_dims):
             # A family over shared dims only is the grid's own group object.
-            group = self._parent.pg(list(self.layout.canonical_dims(key)), strategy=strategy, **kwargs)
-            self._groups[key] = group
-            self._borrowed.add(key)
+            group = self._parent.pg(list(self.layout.canonical_dims(key)), strategy=strategy, tag=tag, **kwargs)
+            self._groups[registry_key] = group
+            self._borrowed.add(registry_key)
             return group
         self._require_initialized("create_pg")
         world = dist.get_world_size()
         self._check_fits(world)
         if chosen == "split":
-            check_can_split(options["backend"])
+            check_can_split(backend)
+        described = describe_options(options)
         # Only members-only creation needs the caller's own group: skip that O(group) work otherwise.
         rank = dist.get_rank()
         local = chosen == "local" and self.layout.contains(rank)
         my_ranks = self.layout.group_ranks(key, rank) if local else None
+        partition = partition_signature(self.layout, key) if self.share_groups else (id(self), registry_key)
+        # group_desc only labels a group: it takes no part in sharing.
+        sharing = share_key(partition, backend, describe_options(options, skip=("group_desc",)), tag)
+        shared = self._pool.find(sharing)
         sequence = self._creations
         self._creations += 1
         if self.guard:
@@ -304,19 +330,26 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
                 participants, scope = list(range(world)), world_scope()
             request = CreationRequest(
                 grid=self._describe(),
-                key=key,
+                key=registry_key,
                 strategy=chosen,
                 grid_sequence=sequence,
-                held_groups=held_group_count() if chosen == "local" else None,
+                held_groups=held_group_count() if chosen == "local" and shared is None else None,
+                options=f"backend={backend!r} {described}",
             )
             agree(request, participants, scope, self.guard_timeout_s)
-        rank_enum = None if chosen == "local" else self.layout.rank_enum(key)
-        group = create_family(chosen, rank_enum, my_ranks, options)
-        self._groups[key] = group
+        holder = (id(self), registry_key)
+        if shared is not None:
+            group = shared.group
+            self._pool.hold(sharing, holder, registry_key)
+        else:
+            rank_enum = None if chosen == "local" else self.layout.rank_enum(key)
+            group = create_family(chosen, rank_enum, my_ranks, {**options, "backend": backend})
+            self._pool.add(sharing, group, holder, registry_key, backend=backend, tag=tag, options=described)
+        self._groups[registry_key] = group
         return group
 
-    def pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None:
-        """The caller's group over ``dims``, created on first use.
+    def pg(self, dims: Dims, *, tag: str | None = None, **kwargs: Any) -> dist.ProcessGroup | None:
+        """The caller's group over ``dims`` (with ``tag``, if given), created on first use.
 
         **Collective on first use** (it calls ``create_pg``, with the same
         rules): every rank that takes part must call it for the same dims in the
@@ -331,12 +364,14 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
             >>> grid = HyperCommGrid([1], ["dp"])
             >>> grid.pg("dp") is grid.pg("dp") is grid.get_pg("dp")
             True
+            >>> grid.pg("dp", tag="ag") is grid.get_pg("dp", tag="ag")
+            True
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        key = self.layout.key(dims)
-        if key in self._groups:
-            return self._groups[key]
-        return self.create_pg(key, **kwargs)
+        registry_key = self._registry_key(dims, check_tag(tag))
+        if registry_key in self._groups:
+            return self._groups[registry_key]
+        return self.create_pg(dims, tag=tag, **kwargs)
 
     def _describe(self) -> str:
         return (
@@ -344,14 +379,15 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
             f"backend={self.backend!r}"
         )
 
-    def get_pg(self, dims: Dims) -> dist.ProcessGroup | None:
-        """The caller's group of an already created family (a local lookup).
+    def get_pg(self, dims: Dims, *, tag: str | None = None) -> dist.ProcessGroup | None:
+        """The caller's group of an already created family (a local lookup), with ``tag`` if given.
 
         Returns ``None`` on ranks outside the grid.
 
         Raises:
             DimsError: unknown, repeated or no dims.
-            GroupNotFoundError: (a ``KeyError``) the family was not created yet.
+            InvalidArgumentError: a bad ``tag``.
+            GroupNotFoundError: (a ``KeyError``) the family (with this tag) was not created yet.
 
         Examples:
             >>> HyperCommGrid([2, 2], ["tp", "dp"]).get_pg("tp")  # doctest: +ELLIPSIS
@@ -359,18 +395,19 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
               ...
             hypergrid.errors.GroupNotFoundError: no process group for dims 'tp' (key 'tp'); ...
         """
-        key = self.layout.key(dims)
+        registry_key = self._registry_key(dims, check_tag(tag))
         try:
-            return self._groups[key]
+            return self._groups[registry_key]
         except KeyError:
+            call = repr(self.layout.key(dims)) + ("" if tag is None else f", tag={tag!r}")
             raise GroupNotFoundError(
-                f"no process group for dims {dims!r} (key {key!r}); created so far: "
-                f"{list(self._groups)}; call create_pg({key!r}) first"
+                f"no process group for dims {dims!r} (key {registry_key!r}); created so far: "
+                f"{list(self._groups)}; call create_pg({call}) first"
             ) from None
 
     @property
     def created_keys(self) -> list[str]:
-        """Canonical keys of the families created so far, in creation order."""
+        """Canonical keys of the families created so far, in creation order (``key@tag`` when tagged)."""
         return list(self._groups)
 
     def is_current_rank_in_grid(self) -> bool:
@@ -383,23 +420,21 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
         return self.layout.contains(dist.get_rank())
 
     def destroy(self) -> None:
-        """Destroy the process groups this grid created on the calling rank.
+        """Release this grid's process groups on the calling rank; destroy those nothing else holds.
 
-        Only this grid's groups that hold the caller are destroyed, each once
-        (a view leaves the groups it shares with its grid to that grid: destroy
-        views before their grid);
-        groups that torch has already destroyed (for instance by
+        A group shared by several families (or with a view) is destroyed once,
+        when the last grid holding it releases it; the default group never.
+        A view leaves the groups it borrows from its grid to that grid.
+        Groups that torch has already destroyed (for instance by
         ``destroy_process_group()`` of the default group) are skipped.
         Idempotent; the grid can create its families again afterwards.
         """
-        unique = {
-            id(group): group for key, group in self._groups.items() if group is not None and key not in self._borrowed
-        }
+        freed = self._pool.release((id(self), key) for key in self._groups if key not in self._borrowed)
         self._groups.clear()
         self._borrowed.clear()
         if not (dist.is_available() and dist.is_initialized()):
             return
-        for group in unique.values():
+        for group in freed:
             # ValueError: torch no longer knows this group; it was destroyed elsewhere.
             with contextlib.suppress(ValueError):
                 dist.destroy_process_group(group)

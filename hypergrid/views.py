@@ -25,7 +25,9 @@ class Views(GridFacet):
         ``shared_dims`` (default: the names the two grids have in common) must
         enumerate identical groups in both; a family over shared dims only is the
         same process group object in both grids. The view has this grid's
-        offset, backend, strategy and guard.
+        offset, backend, strategy, guard, sharing and group options; with
+        sharing on, any of its families with the same groups as one of the
+        grid's (or another view's) uses the same process group object.
 
         Raises:
             GridSpecError: the view covers another number of ranks, a shared dim
@@ -47,6 +49,8 @@ class Views(GridFacet):
             strategy=self.strategy,
             guard=self.guard,
             guard_timeout_s=self.guard_timeout_s,
+            share_groups=base.share_groups,
+            group_options=base.group_options,
         )
         if view.size != self.size:
             raise GridSpecError(
@@ -67,5 +71,6 @@ class Views(GridFacet):
                     f"versus {self.layout.rank_enum(name)[:2]}..."
                 )
         view._parent = base
+        view._pool = base._pool  # a view shares groups with its grid, not only over shared dims
         view.shared_dims = tuple(shared)
         return view
