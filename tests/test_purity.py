@@ -27,7 +27,9 @@ ALLOWED = {
     "mesh": {"errors", "facet", "layout"},
     "communicators": {"economy", "errors", "facet"},
     "grid": {
+        "communicators",
         "creation",
+        "economy",
         "errors",
         "facet",
         "getters",
