@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime
+import itertools
+import json
+import pathlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -14,6 +17,7 @@ from hypothesis import strategies as st
 from torch.distributed import distributed_c10d as c10d
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from benchmarks import creation
 from benchmarks.creation import counting_new_group
 from hypergrid import (
     BackendError,
@@ -198,3 +202,28 @@ def test_distinct_groups_equal_distinct_memberships_and_tags(
         distinct = {id(group) for group, _, _ in held.values() if group is not None}
         assert len(distinct) == len(expected) == len(grid.communicators())
         grid.destroy()
+
+
+def test_sharing_benchmark_counts(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "sharing.json"
+    assert creation.main(["--sharing", "--fake", "--world", "64", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())
+    shape = [1, 1, 16, 4]
+    partitions = {
+        "-".join(family): frozenset(
+            frozenset(group) for group in megatron_rank_groups("tp-cp-ep-dp", dict(zip(NAMES, shape)), "-".join(family))
+        )
+        for family in itertools.chain.from_iterable(itertools.combinations(NAMES, n) for n in range(1, 5))
+    }
+    distinct = set(partitions.values())
+    expected = {
+        ("enumerate", False): (15, sum(len(p) for p in partitions.values())),
+        ("enumerate", True): (len(distinct), sum(len(p) for p in distinct)),
+        ("local", False): (15, 15),
+        ("local", True): (len(distinct), len(distinct)),
+    }
+    seen = {
+        (row["strategy"], row["share_groups"]): (row["distinct_groups_per_rank"], row["new_group_calls_per_rank"])
+        for row in rows
+    }
+    assert seen == expected and all(row["shape"] == shape for row in rows)
