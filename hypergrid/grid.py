@@ -19,6 +19,7 @@ import torch.distributed as dist
 from hypergrid.creation import check_can_split, check_strategy, create_family
 from hypergrid.errors import (
     BackendError,
+    GridTooLargeError,
     GroupExistsError,
     GroupNotFoundError,
     InvalidArgumentError,
@@ -30,8 +31,10 @@ from hypergrid.guard import CreationRequest, agree, members_scope, world_scope
 from hypergrid.layout import Dims, GridLayout, resolve_shape
 from hypergrid.mesh import MeshExport
 from hypergrid.nodes import NodeAwareness
+from hypergrid.registry import PgKey, create_uninitialized, for_view, guard_key, member_or_none
+from hypergrid.shims import MegatronShims
 from hypergrid.values import check_timeout
-from hypergrid.views import Views
+from hypergrid.views import BASE_VIEW, RankView, Views
 from hypergrid.worldstate import held_group_count
 
 __all__ = ["HyperCommGrid", "world_size_hint"]
@@ -41,7 +44,7 @@ _PASS_THROUGH = ("timeout", "pg_options", "group_desc")
 
 
 def world_size_hint() -> int | None:
-    """The world size, if known: from torch.distributed, else from ``WORLD_SIZE``.
+    """The world size, if known: from ``WORLD_SIZE``, else from torch.distributed (Megatron's order).
 
     Returns ``None`` when neither is available (a grid planned offline).
 
@@ -55,11 +58,9 @@ def world_size_hint() -> int | None:
         16
         >>> del os.environ["WORLD_SIZE"]
     """
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
     value = os.environ.get("WORLD_SIZE")
     if value is None:
-        return None
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
     try:
         world = int(value)
     except ValueError:
@@ -77,7 +78,7 @@ def _normalize_backend(backend: object, what: str) -> str | None:
     return backend.lower()
 
 
-class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
+class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, MegatronShims):
     """An N-dimensional grid of ranks with named dims and lazily created process groups.
 
     ``dim_names[0]`` is the innermost dim (consecutive ranks), as in
@@ -109,7 +110,8 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
 
     Raises:
         GridSpecError: invalid shape, names or offset.
-        WorldSizeError: ``rank_offset + size`` exceeds the known world size.
+        GridTooLargeError: (a ``WorldSizeError`` and a ``RuntimeError``, as Megatron
+            raises) ``rank_offset + size`` exceeds the known world size.
         BackendError: ``backend`` is not None or a backend name.
         InvalidArgumentError: unknown ``strategy``, or a bad ``guard_timeout_s``.
 
@@ -143,14 +145,28 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
         self.guard = guard
         self.guard_timeout_s = check_timeout(guard_timeout_s, "guard_timeout_s")
         self._check_fits(world)
-        # Canonical key -> the caller's group (None where the caller is in no group).
-        self._groups: dict[str, dist.ProcessGroup | None] = {}
+        # The grid whose registry this one uses (itself, except for a grid returned by view()),
+        # and the view it enumerates. The root grid holds every view and every group.
+        self._root: HyperCommGrid = self
+        self._view_name = BASE_VIEW
+        self._views: dict[str, RankView] = {BASE_VIEW: RankView(BASE_VIEW, self.shape, self.dim_names, [], self.layout)}
+        # Megatron's key -> the caller's group (None where the caller is in no group); see _pgs.
+        self._registry: dict[PgKey, Any] = {}
         # Creations asked of this grid so far (never reset): part of what the guard compares.
         self._creations = 0
-        # For a view: the grid it folds, and the dims whose families it takes from there.
-        self._parent: HyperCommGrid | None = None
-        self.shared_dims: tuple[str, ...] = ()
-        self._borrowed: set[str] = set()  # keys whose group belongs to the parent grid
+
+    @property
+    def _pgs(self) -> dict[PgKey, Any]:
+        """The registry, under Megatron-Core's name and keys (``"dp-tp"``, ``("expert", ("ep", "expt_tp"))``).
+
+        Code that reads or replaces ``grid._pgs`` (as Megatron's does) reads or
+        replaces the registry itself; a grid returned by ``view()`` shares its root's.
+        """
+        return self._root._registry
+
+    @_pgs.setter
+    def _pgs(self, value: dict[PgKey, Any]) -> None:
+        self._root._registry = value
 
     # -- attributes ---------------------------------------------------------
 
@@ -177,17 +193,17 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
     def __repr__(self) -> str:
         return (
             f"HyperCommGrid(shape={self.shape}, dim_names={self.dim_names}, "
-            f"rank_offset={self.rank_offset}, backend={self.backend!r}, groups={list(self._groups)})"
+            f"rank_offset={self.rank_offset}, backend={self.backend!r}, groups={self.created_keys})"
         )
 
     # -- checks -------------------------------------------------------------
 
     def _check_fits(self, world: int | None) -> None:
         if world is not None and self.rank_offset + self.size > world:
-            raise WorldSizeError(
-                f"grid of shape {self.shape} ({self.size} ranks) with rank_offset {self.rank_offset} "
-                f"needs ranks up to {self.rank_offset + self.size - 1}, but the world has {world} ranks "
-                f"(0..{world - 1})"
+            raise GridTooLargeError(
+                f"Grid shape {self.shape} is over sized with world size {world} and rank offset "
+                f"{self.rank_offset}: its {self.size} ranks with rank_offset {self.rank_offset} need ranks up to "
+                f"{self.rank_offset + self.size - 1}, but the world has {world} ranks (0..{world - 1})"
             )
 
     def _creation_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -217,22 +233,27 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
 
     # -- groups -------------------------------------------------------------
 
-    def get_rank_enum(self, dims: Dims) -> list[list[int]]:
+    def get_rank_enum(self, dims: Dims, *, view: str | None = None) -> list[list[int]]:
         """The ranks of every group of the family over ``dims`` (pure, no torch call).
 
         Exactly what ``create_pg`` passes to ``new_subgroups_by_enumeration``;
-        dims in any order give the same result.
+        dims in any order give the same result. ``view`` names a registered view
+        (``register_view``); default: this grid's own.
 
         Raises:
             DimsError: unknown, repeated or no dims.
+            ViewNotFoundError: (a ``KeyError``) ``view`` is not registered.
 
         Examples:
             >>> HyperCommGrid([2, 2, 2], ["a", "b", "c"]).get_rank_enum(["b", "a"])
             [[0, 1, 2, 3], [4, 5, 6, 7]]
         """
-        return self.layout.rank_enum(dims)
+        _, _, spec = self._family(dims, view)
+        return spec.layout.rank_enum(dims)
 
-    def create_pg(self, dims: Dims, *, strategy: str | None = None, **kwargs: Any) -> dist.ProcessGroup | None:
+    def create_pg(
+        self, dims: Dims, *, view: str | None = None, strategy: str | None = None, **kwargs: Any
+    ) -> dist.ProcessGroup | None:
         """Create the process groups of the family over ``dims``; return the caller's.
 
         Collective: with strategies ``"enumerate"`` and ``"split"`` every rank
@@ -241,7 +262,9 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
         arguments ``timeout``, ``pg_options`` and ``group_desc`` are passed to
         torch (``new_subgroups_by_enumeration``, ``new_group`` or
         ``split_group``); ``backend`` may be given if it agrees with the grid's.
-        ``strategy`` overrides the grid's for this family.
+        ``strategy`` overrides the grid's for this family. ``view`` names a
+        registered view: a family over its shared dims only is the base grid's
+        (created once, under the base key); its other families are its own.
 
         Returns:
             The group holding the calling rank, or ``None`` on ranks outside the grid.
@@ -249,12 +272,13 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
         Raises:
             DimsError: unknown, repeated or no dims.
             GroupExistsError: (a ``KeyError``) this family was already created.
+            ViewNotFoundError: (a ``KeyError``) ``view`` is not registered.
             UnexpectedArgumentError: an unknown keyword argument.
             BackendError: ``backend`` conflicts with the grid's, or ``"split"``
                 where the default group cannot split.
             InvalidArgumentError: unknown ``strategy``.
             NotInitializedError: torch.distributed is not initialized.
-            WorldSizeError: the grid does not fit in the world.
+            GridTooLargeError: the grid does not fit in the world.
             DesyncError: (guard on) the participating ranks asked for different things.
             GuardTimeoutError: (guard on) some participating ranks did not arrive in time.
 
@@ -272,21 +296,18 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
             >>> grid.destroy()
             >>> dist.destroy_process_group()
         """
-        key = self.layout.key(dims)
+        key, layout, spec = self._family(dims, view)
         options = self._creation_options(kwargs)
         chosen = self.strategy if strategy is None else check_strategy(strategy)
-        if key in self._groups:
+        if key in self._pgs:
             raise GroupExistsError(
-                f"the process group for dims {dims!r} (key {key!r}) was already created on this grid; "
+                f"Process group {dims!r}{for_view(key)} has already been created on this grid (key {key!r}); "
                 "use get_pg to fetch it, or destroy() the grid's groups first"
             )
-        if self._parent is not None and set(self.layout.canonical_dims(key)) <= set(self.shared_dims):
-            # A family over shared dims only is the grid's own group object.
-            group = self._parent.pg(list(self.layout.canonical_dims(key)), strategy=strategy, **kwargs)
-            self._groups[key] = group
-            self._borrowed.add(key)
-            return group
-        self._require_initialized("create_pg")
+        if not (dist.is_available() and dist.is_initialized()):
+            group = create_uninitialized(chosen, layout.rank_enum(spec.layout.canonical_dims(dims)), options)
+            self._pgs[key] = group
+            return member_or_none(group)
         world = dist.get_world_size()
         self._check_fits(world)
         if chosen == "split":
@@ -294,7 +315,7 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
         # Only members-only creation needs the caller's own group: skip that O(group) work otherwise.
         rank = dist.get_rank()
         local = chosen == "local" and self.layout.contains(rank)
-        my_ranks = self.layout.group_ranks(key, rank) if local else None
+        my_ranks = layout.group_ranks(spec.layout.canonical_dims(dims), rank) if local else None
         sequence = self._creations
         self._creations += 1
         if self.guard:
@@ -304,18 +325,18 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
                 participants, scope = list(range(world)), world_scope()
             request = CreationRequest(
                 grid=self._describe(),
-                key=key,
+                key=guard_key(key),
                 strategy=chosen,
                 grid_sequence=sequence,
                 held_groups=held_group_count() if chosen == "local" else None,
             )
             agree(request, participants, scope, self.guard_timeout_s)
-        rank_enum = None if chosen == "local" else self.layout.rank_enum(key)
+        rank_enum = None if chosen == "local" else layout.rank_enum(spec.layout.canonical_dims(dims))
         group = create_family(chosen, rank_enum, my_ranks, options)
-        self._groups[key] = group
-        return group
+        self._pgs[key] = group
+        return member_or_none(group)
 
-    def pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None:
+    def pg(self, dims: Dims, *, view: str | None = None, **kwargs: Any) -> dist.ProcessGroup | None:
         """The caller's group over ``dims``, created on first use.
 
         **Collective on first use** (it calls ``create_pg``, with the same
@@ -323,7 +344,7 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
         same order. With the guard on (the default) a rank that asks for
         something else makes every participant raise ``DesyncError`` instead of
         hanging. Later calls are local lookups; keyword arguments are used only
-        on the creating call.
+        on the creating call. ``view`` as in ``create_pg``.
 
         Examples:
             >>> import torch.distributed as dist
@@ -333,10 +354,10 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
             True
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        key = self.layout.key(dims)
-        if key in self._groups:
-            return self._groups[key]
-        return self.create_pg(key, **kwargs)
+        key, _, _ = self._family(dims, view)
+        if key in self._pgs:
+            return member_or_none(self._pgs[key])
+        return self.create_pg(dims, view=view, **kwargs)
 
     def _describe(self) -> str:
         return (
@@ -344,34 +365,40 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
             f"backend={self.backend!r}"
         )
 
-    def get_pg(self, dims: Dims) -> dist.ProcessGroup | None:
+    def get_pg(self, dims: Dims, *, view: str | None = None) -> dist.ProcessGroup | None:
         """The caller's group of an already created family (a local lookup).
 
-        Returns ``None`` on ranks outside the grid.
+        Returns ``None`` on ranks outside the grid (also where the registry holds
+        torch's ``GroupMember.NON_GROUP_MEMBER``). ``view`` as in ``create_pg``.
 
         Raises:
             DimsError: unknown, repeated or no dims.
             GroupNotFoundError: (a ``KeyError``) the family was not created yet.
+            ViewNotFoundError: (a ``KeyError``) ``view`` is not registered.
 
         Examples:
             >>> HyperCommGrid([2, 2], ["tp", "dp"]).get_pg("tp")  # doctest: +ELLIPSIS
             Traceback (most recent call last):
               ...
-            hypergrid.errors.GroupNotFoundError: no process group for dims 'tp' (key 'tp'); ...
+            hypergrid.errors.GroupNotFoundError: Process group for 'tp' hasn't been created ...
         """
-        key = self.layout.key(dims)
-        try:
-            return self._groups[key]
-        except KeyError:
+        key, _, _ = self._family(dims, view)
+        if key not in self._pgs:
+            what = f"for {key!r}" if isinstance(key, str) else f"{dims!r}{for_view(key)}"
             raise GroupNotFoundError(
-                f"no process group for dims {dims!r} (key {key!r}); created so far: "
-                f"{list(self._groups)}; call create_pg({key!r}) first"
-            ) from None
+                f"Process group {what} hasn't been created (dims {dims!r}, key {key!r}); created so far: "
+                f"{list(self._pgs)}; call create_pg first"
+            )
+        return member_or_none(self._pgs[key])
 
     @property
-    def created_keys(self) -> list[str]:
-        """Canonical keys of the families created so far, in creation order."""
-        return list(self._groups)
+    def created_keys(self) -> list[PgKey]:
+        """Registry keys of the families created so far, in creation order.
+
+        For a grid returned by ``view()``: its own families, as canonical
+        strings of its dims (shared families included).
+        """
+        return self._view_keys(own_only=False)
 
     def is_current_rank_in_grid(self) -> bool:
         """Whether the calling rank is one of the grid's ranks.
@@ -385,18 +412,18 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport):
     def destroy(self) -> None:
         """Destroy the process groups this grid created on the calling rank.
 
-        Only this grid's groups that hold the caller are destroyed, each once
-        (a view leaves the groups it shares with its grid to that grid: destroy
-        views before their grid);
-        groups that torch has already destroyed (for instance by
+        Only groups that hold the caller are destroyed, each once (a group in
+        the registry under several keys, or torch's ``NON_GROUP_MEMBER``, is
+        not destroyed twice, or at all). On the root grid: every group of every
+        view. On a grid returned by ``view()``: only that view's own families
+        (the groups it shares with its root stay, owned by the root).
+        Groups that torch has already destroyed (for instance by
         ``destroy_process_group()`` of the default group) are skipped.
         Idempotent; the grid can create its families again afterwards.
         """
-        unique = {
-            id(group): group for key, group in self._groups.items() if group is not None and key not in self._borrowed
-        }
-        self._groups.clear()
-        self._borrowed.clear()
+        registry = self._pgs
+        mine = self._view_keys(own_only=True)
+        unique = {id(g): g for g in (member_or_none(registry.pop(key)) for key in mine) if g is not None}
         if not (dist.is_available() and dist.is_initialized()):
             return
         for group in unique.values():
