@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from hypergrid.economy import PartitionSignature, key_label
+from hypergrid.economy import PartitionSignature, partition_signature
 from hypergrid.errors import BackendError, InvalidArgumentError, UnexpectedArgumentError
 from hypergrid.facet import GridFacet
+from hypergrid.layout import GridLayout
+from hypergrid.registry import PgKey, guard_key
 
 __all__ = [
     "GROUP_OPTIONS",
@@ -333,7 +335,45 @@ class Communicators(GridFacet):
     """The report of the communicators a rank holds through a grid (a mixin of ``HyperCommGrid``)."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
+        _root: Communicators
         _pool: GroupPool
+        share_groups: bool
+
+    def _shared(
+        self,
+        layout: GridLayout,
+        dims: Sequence[str],
+        key: PgKey,
+        backend: str | None,
+        options: dict[str, Any],
+        tag: str | None,
+    ) -> tuple[Hashable, PoolEntry | None]:
+        """The pool key of a family, and the entry of the group already made for it, if any.
+
+        With sharing off, the pool key is the family's registry key: nothing shares.
+        """
+        partition = partition_signature(layout, list(dims)) if self.share_groups else key
+        # group_desc only labels a group: it takes no part in sharing.
+        sharing = share_key(partition, backend, describe_options(options, skip=("group_desc",)), tag)
+        return sharing, self._root._pool.find(sharing)
+
+    def _keep(
+        self,
+        sharing: Hashable,
+        shared: PoolEntry | None,
+        key: PgKey,
+        create: Callable[[], Any],
+        backend: str | None,
+        tag: str | None,
+        options: dict[str, Any],
+    ) -> Any:
+        """The shared group, now held by ``key`` too, or a new one from ``create()``, pooled."""
+        pool = self._root._pool
+        if shared is not None:
+            return pool.hold(sharing, key).group
+        group = create()
+        pool.add(sharing, group, key, backend=backend, tag=tag, options=describe_options(options))
+        return group
 
     def communicators(self) -> list[dict[str, Any]]:
         """One entry per distinct process group this rank holds through the grid and its views.
@@ -358,7 +398,7 @@ class Communicators(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         report = []
-        for entry in self._pool.entries():
+        for entry in self._root._pool.entries():
             if not isinstance(entry.group, dist.ProcessGroup):
                 continue
             ranks = dist.get_process_group_ranks(entry.group)
@@ -368,7 +408,7 @@ class Communicators(GridFacet):
                     "size": len(ranks),
                     "backend": str(dist.get_backend(entry.group)),
                     "tag": entry.tag,
-                    "keys": [key_label(key) for key in entry.holders.values()],
+                    "keys": [guard_key(key) for key in entry.holders.values()],  # type: ignore[arg-type]
                     "options": entry.options,
                 }
             )

@@ -23,11 +23,10 @@ from hypergrid.communicators import (
     describe_options,
     family_options,
     normalize_backend,
-    share_key,
 )
 from hypergrid.creation import check_can_split, check_strategy, create_family
-from hypergrid.economy import partition_signature
 from hypergrid.errors import (
+    GridTooLargeError,
     GroupExistsError,
     GroupNotFoundError,
     InvalidArgumentError,
@@ -38,18 +37,17 @@ from hypergrid.guard import CreationRequest, agree, members_scope, world_scope
 from hypergrid.layout import Dims, GridLayout, resolve_shape
 from hypergrid.mesh import MeshExport
 from hypergrid.nodes import NodeAwareness
+from hypergrid.registry import PgKey, create_uninitialized, for_view, guard_key, member_or_none, tagged
+from hypergrid.shims import MegatronShims
 from hypergrid.values import check_timeout
-from hypergrid.views import Views
+from hypergrid.views import BASE_VIEW, RankView, Views
 from hypergrid.worldstate import held_group_count
 
 __all__ = ["HyperCommGrid", "world_size_hint"]
 
-#: Joins a family's key and its communicator tag in the registry (``"dp-tp@ag"``).
-TAG_SEPARATOR = "@"
-
 
 def world_size_hint() -> int | None:
-    """The world size, if known: from torch.distributed, else from ``WORLD_SIZE``.
+    """The world size, if known: from ``WORLD_SIZE``, else from torch.distributed (Megatron's order).
 
     Returns ``None`` when neither is available (a grid planned offline).
 
@@ -63,11 +61,9 @@ def world_size_hint() -> int | None:
         16
         >>> del os.environ["WORLD_SIZE"]
     """
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
     value = os.environ.get("WORLD_SIZE")
     if value is None:
-        return None
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
     try:
         world = int(value)
     except ValueError:
@@ -77,7 +73,7 @@ def world_size_hint() -> int | None:
     return world
 
 
-class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Communicators):
+class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, MegatronShims, Communicators):
     """An N-dimensional grid of ranks with named dims and lazily created process groups.
 
     ``dim_names[0]`` is the innermost dim (consecutive ranks), as in
@@ -116,7 +112,8 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Communi
 
     Raises:
         GridSpecError: invalid shape, names or offset.
-        WorldSizeError: ``rank_offset + size`` exceeds the known world size.
+        GridTooLargeError: (a ``WorldSizeError`` and a ``RuntimeError``, as Megatron
+            raises) ``rank_offset + size`` exceeds the known world size.
         BackendError: ``backend`` is not None or a backend name.
         InvalidArgumentError: unknown ``strategy``, a bad ``guard_timeout_s`` or
             ``share_groups``, or a bad value in ``group_options``.
@@ -158,16 +155,30 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Communi
         self.share_groups = share_groups
         self.group_options = check_group_options(group_options)
         self._check_fits(world)
-        # Canonical key (``key@tag`` when tagged) -> the caller's group (None where it is in no group).
-        self._groups: dict[str, dist.ProcessGroup | None] = {}
-        # The groups of this grid and its views, shared by partition, backend, options and tag.
+        # The grid whose registry this one uses (itself, except for a grid returned by view()),
+        # and the view it enumerates. The root grid holds every view and every group.
+        self._root: HyperCommGrid = self
+        self._view_name = BASE_VIEW
+        self._views: dict[str, RankView] = {BASE_VIEW: RankView(BASE_VIEW, self.shape, self.dim_names, [], self.layout)}
+        # Megatron's key -> the caller's group (None where the caller is in no group); see _pgs.
+        self._registry: dict[PgKey, Any] = {}
+        # The root's groups shared by partition, backend, options and tag, held by registry keys.
         self._pool = GroupPool()
         # Creations asked of this grid so far (never reset): part of what the guard compares.
         self._creations = 0
-        # For a view: the grid it folds, and the dims whose families it takes from there.
-        self._parent: HyperCommGrid | None = None
-        self.shared_dims: tuple[str, ...] = ()
-        self._borrowed: set[str] = set()  # keys whose group belongs to the parent grid
+
+    @property
+    def _pgs(self) -> dict[PgKey, Any]:
+        """The registry, under Megatron-Core's name and keys (``"dp-tp"``, ``("expert", ("ep", "expt_tp"))``).
+
+        Code that reads or replaces ``grid._pgs`` (as Megatron's does) reads or
+        replaces the registry itself; a grid returned by ``view()`` shares its root's.
+        """
+        return self._root._registry
+
+    @_pgs.setter
+    def _pgs(self, value: dict[PgKey, Any]) -> None:
+        self._root._registry = value
 
     # -- attributes ---------------------------------------------------------
 
@@ -194,42 +205,47 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Communi
     def __repr__(self) -> str:
         return (
             f"HyperCommGrid(shape={self.shape}, dim_names={self.dim_names}, "
-            f"rank_offset={self.rank_offset}, backend={self.backend!r}, groups={list(self._groups)})"
+            f"rank_offset={self.rank_offset}, backend={self.backend!r}, groups={self.created_keys})"
         )
 
     # -- checks -------------------------------------------------------------
 
     def _check_fits(self, world: int | None) -> None:
         if world is not None and self.rank_offset + self.size > world:
-            raise WorldSizeError(
-                f"grid of shape {self.shape} ({self.size} ranks) with rank_offset {self.rank_offset} "
-                f"needs ranks up to {self.rank_offset + self.size - 1}, but the world has {world} ranks "
-                f"(0..{world - 1})"
+            raise GridTooLargeError(
+                f"Grid shape {self.shape} is over sized with world size {world} and rank offset "
+                f"{self.rank_offset}: its {self.size} ranks with rank_offset {self.rank_offset} need ranks up to "
+                f"{self.rank_offset + self.size - 1}, but the world has {world} ranks (0..{world - 1})"
             )
-
-    def _registry_key(self, dims: Dims, tag: str | None) -> str:
-        key = self.layout.key(dims)
-        return key if tag is None else f"{key}{TAG_SEPARATOR}{tag}"
 
     # -- groups -------------------------------------------------------------
 
-    def get_rank_enum(self, dims: Dims) -> list[list[int]]:
+    def get_rank_enum(self, dims: Dims, *, view: str | None = None) -> list[list[int]]:
         """The ranks of every group of the family over ``dims`` (pure, no torch call).
 
         Exactly what ``create_pg`` passes to ``new_subgroups_by_enumeration``;
-        dims in any order give the same result.
+        dims in any order give the same result. ``view`` names a registered view
+        (``register_view``); default: this grid's own.
 
         Raises:
             DimsError: unknown, repeated or no dims.
+            ViewNotFoundError: (a ``KeyError``) ``view`` is not registered.
 
         Examples:
             >>> HyperCommGrid([2, 2, 2], ["a", "b", "c"]).get_rank_enum(["b", "a"])
             [[0, 1, 2, 3], [4, 5, 6, 7]]
         """
-        return self.layout.rank_enum(dims)
+        _, _, spec = self._family(dims, view)
+        return spec.layout.rank_enum(dims)
 
     def create_pg(
-        self, dims: Dims, *, strategy: str | None = None, tag: str | None = None, **kwargs: Any
+        self,
+        dims: Dims,
+        *,
+        view: str | None = None,
+        strategy: str | None = None,
+        tag: str | None = None,
+        **kwargs: Any,
     ) -> dist.ProcessGroup | None:
         """Create the process groups of the family over ``dims``; return the caller's.
 
@@ -239,21 +255,20 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Communi
         arguments ``timeout``, ``pg_options`` and ``group_desc`` (default: the
         grid's ``group_options``) are passed to torch
         (``new_subgroups_by_enumeration``, ``new_group`` or ``split_group``).
-        ``strategy`` overrides the grid's for this family.
-
-        With ``share_groups`` on (the default), a family whose groups have the
-        same members, backend, options and tag as a family created before (on
-        this grid or its views) gets that family's process group object and
-        creates nothing: over a size-1 dim, ``"cp-tp"`` is ``"cp"``'s group.
-        ``group_desc`` is a label and does not prevent sharing. The guard
-        still checks the request, so all ranks agree either way.
+        ``strategy`` overrides the grid's for this family. ``view`` names a
+        registered view: a family over its shared dims only is the base grid's
+        (created once, under the base key); its other families are its own.
+        With ``share_groups`` on, a family whose groups have the same members,
+        backend, options and tag as one created before gets that group object
+        and creates nothing (``group_desc`` takes no part); the guard checks
+        the request all the same. See ``docs/communicators.md``.
 
         Args:
             dims: the family's dims, in any order.
+            view: a registered view's name (default: this grid's).
             strategy: how to create it (default: the grid's).
             tag: a short identifier for a separate communicator over the same
-                family (Megatron's second data-parallel communicator, a gloo
-                twin); it never shares with an untagged group.
+                family; it never shares with an untagged group.
             **kwargs: ``timeout``, ``pg_options``, ``group_desc``; ``backend``,
                 which must agree with the grid's unless ``tag`` is given.
 
@@ -263,12 +278,13 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Communi
         Raises:
             DimsError: unknown, repeated or no dims.
             GroupExistsError: (a ``KeyError``) this family (with this tag) was already created.
+            ViewNotFoundError: (a ``KeyError``) ``view`` is not registered.
             UnexpectedArgumentError: an unknown keyword argument.
             BackendError: ``backend`` conflicts with the grid's on an untagged
                 family, or ``"split"`` where the default group cannot split.
             InvalidArgumentError: unknown ``strategy``, a bad ``tag`` or option value.
             NotInitializedError: torch.distributed is not initialized.
-            WorldSizeError: the grid does not fit in the world.
+            GridTooLargeError: the grid does not fit in the world.
             DesyncError: (guard on) the participating ranks asked for different things.
             GuardTimeoutError: (guard on) some participating ranks did not arrive in time.
 
@@ -281,46 +297,38 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Communi
             >>> group = grid.create_pg(["dp", "tp"], group_desc="TP_DP")
             >>> dist.get_process_group_ranks(group), group.group_desc, grid.created_keys
             ([0], 'TP_DP', ['dp-tp'])
-            >>> grid.get_pg("tp-dp") is group
-            True
-            >>> grid.create_pg("dp") is group, grid.create_pg("dp", tag="ag") is group
-            (True, False)
+            >>> grid.get_pg("tp-dp") is group, grid.create_pg("dp") is group, grid.create_pg("dp", tag="ag") is group
+            (True, True, False)
             >>> grid.created_keys
             ['dp-tp', 'dp', 'dp@ag']
             >>> grid.destroy()
             >>> dist.destroy_process_group()
         """
-        key = self.layout.key(dims)
+        family, layout, spec = self._family(dims, view)
+        ordered = spec.layout.canonical_dims(dims)
         tag = check_tag(tag)
-        registry_key = self._registry_key(key, tag)
+        key = tagged(family, tag)
         backend, options = family_options(kwargs, self.group_options, self.backend, tag)
         chosen = self.strategy if strategy is None else check_strategy(strategy)
-        if registry_key in self._groups:
+        if key in self._pgs:
             what = "" if tag is None else f" with tag {tag!r}"
             raise GroupExistsError(
-                f"the process group for dims {dims!r}{what} (key {registry_key!r}) was already created on this "
-                "grid; use get_pg to fetch it, or destroy() the grid's groups first"
+                f"Process group {dims!r}{for_view(key)}{what} has already been created on this grid (key {key!r}); "
+                "use get_pg to fetch it, or destroy() the grid's groups first"
             )
-        if self._parent is not None and set(self.layout.canonical_dims(key)) <= set(self.shared_dims):
-            # A family over shared dims only is the grid's own group object.
-            group = self._parent.pg(list(self.layout.canonical_dims(key)), strategy=strategy, tag=tag, **kwargs)
-            self._groups[registry_key] = group
-            self._borrowed.add(registry_key)
-            return group
-        self._require_initialized("create_pg")
+        if not (dist.is_available() and dist.is_initialized()):
+            group = create_uninitialized(chosen, layout.rank_enum(ordered), {**options, "backend": backend})
+            self._pgs[key] = group
+            return member_or_none(group)
         world = dist.get_world_size()
         self._check_fits(world)
         if chosen == "split":
             check_can_split(backend)
-        described = describe_options(options)
         # Only members-only creation needs the caller's own group: skip that O(group) work otherwise.
         rank = dist.get_rank()
         local = chosen == "local" and self.layout.contains(rank)
-        my_ranks = self.layout.group_ranks(key, rank) if local else None
-        partition = partition_signature(self.layout, key) if self.share_groups else (id(self), registry_key)
-        # group_desc only labels a group: it takes no part in sharing.
-        sharing = share_key(partition, backend, describe_options(options, skip=("group_desc",)), tag)
-        shared = self._pool.find(sharing)
+        my_ranks = layout.group_ranks(ordered, rank) if local else None
+        sharing, shared = self._shared(layout, ordered, key, backend, options, tag)
         sequence = self._creations
         self._creations += 1
         if self.guard:
@@ -330,25 +338,25 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Communi
                 participants, scope = list(range(world)), world_scope()
             request = CreationRequest(
                 grid=self._describe(),
-                key=registry_key,
+                key=guard_key(key),
                 strategy=chosen,
                 grid_sequence=sequence,
                 held_groups=held_group_count() if chosen == "local" and shared is None else None,
-                options=f"backend={backend!r} {described}",
+                options=f"backend={backend!r} {describe_options(options)}",
             )
             agree(request, participants, scope, self.guard_timeout_s)
-        holder = (id(self), registry_key)
-        if shared is not None:
-            group = shared.group
-            self._pool.hold(sharing, holder, registry_key)
-        else:
-            rank_enum = None if chosen == "local" else self.layout.rank_enum(key)
-            group = create_family(chosen, rank_enum, my_ranks, {**options, "backend": backend})
-            self._pool.add(sharing, group, holder, registry_key, backend=backend, tag=tag, options=described)
-        self._groups[registry_key] = group
-        return group
 
-    def pg(self, dims: Dims, *, tag: str | None = None, **kwargs: Any) -> dist.ProcessGroup | None:
+        def create() -> Any:
+            rank_enum = None if chosen == "local" else layout.rank_enum(ordered)
+            return create_family(chosen, rank_enum, my_ranks, {**options, "backend": backend})
+
+        group = self._keep(sharing, shared, key, create, backend, tag, options)
+        self._pgs[key] = group
+        return member_or_none(group)
+
+    def pg(
+        self, dims: Dims, *, view: str | None = None, tag: str | None = None, **kwargs: Any
+    ) -> dist.ProcessGroup | None:
         """The caller's group over ``dims`` (with ``tag``, if given), created on first use.
 
         **Collective on first use** (it calls ``create_pg``, with the same
@@ -356,7 +364,7 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Communi
         same order. With the guard on (the default) a rank that asks for
         something else makes every participant raise ``DesyncError`` instead of
         hanging. Later calls are local lookups; keyword arguments are used only
-        on the creating call.
+        on the creating call. ``view`` as in ``create_pg``.
 
         Examples:
             >>> import torch.distributed as dist
@@ -368,10 +376,11 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Communi
             True
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        registry_key = self._registry_key(dims, check_tag(tag))
-        if registry_key in self._groups:
-            return self._groups[registry_key]
-        return self.create_pg(dims, tag=tag, **kwargs)
+        family, _, _ = self._family(dims, view)
+        key = tagged(family, check_tag(tag))
+        if key in self._pgs:
+            return member_or_none(self._pgs[key])
+        return self.create_pg(dims, view=view, tag=tag, **kwargs)
 
     def _describe(self) -> str:
         return (
@@ -379,36 +388,43 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Communi
             f"backend={self.backend!r}"
         )
 
-    def get_pg(self, dims: Dims, *, tag: str | None = None) -> dist.ProcessGroup | None:
+    def get_pg(self, dims: Dims, *, view: str | None = None, tag: str | None = None) -> dist.ProcessGroup | None:
         """The caller's group of an already created family (a local lookup), with ``tag`` if given.
 
-        Returns ``None`` on ranks outside the grid.
+        Returns ``None`` on ranks outside the grid (also where the registry holds
+        torch's ``GroupMember.NON_GROUP_MEMBER``). ``view`` as in ``create_pg``.
 
         Raises:
             DimsError: unknown, repeated or no dims.
-            InvalidArgumentError: a bad ``tag``.
             GroupNotFoundError: (a ``KeyError``) the family (with this tag) was not created yet.
+            ViewNotFoundError: (a ``KeyError``) ``view`` is not registered.
+            InvalidArgumentError: a bad ``tag``.
 
         Examples:
             >>> HyperCommGrid([2, 2], ["tp", "dp"]).get_pg("tp")  # doctest: +ELLIPSIS
             Traceback (most recent call last):
               ...
-            hypergrid.errors.GroupNotFoundError: no process group for dims 'tp' (key 'tp'); ...
+            hypergrid.errors.GroupNotFoundError: Process group for 'tp' hasn't been created ...
         """
-        registry_key = self._registry_key(dims, check_tag(tag))
-        try:
-            return self._groups[registry_key]
-        except KeyError:
-            call = repr(self.layout.key(dims)) + ("" if tag is None else f", tag={tag!r}")
+        family, _, _ = self._family(dims, view)
+        key = tagged(family, check_tag(tag))
+        if key not in self._pgs:
+            what = f"for {key!r}" if isinstance(key, str) else f"{dims!r}{for_view(key)}"
+            call = "create_pg" if tag is None else f"create_pg(..., tag={tag!r})"
             raise GroupNotFoundError(
-                f"no process group for dims {dims!r} (key {registry_key!r}); created so far: "
-                f"{list(self._groups)}; call create_pg({call}) first"
-            ) from None
+                f"Process group {what} hasn't been created (dims {dims!r}, key {key!r}); created so far: "
+                f"{list(self._pgs)}; call {call} first"
+            )
+        return member_or_none(self._pgs[key])
 
     @property
-    def created_keys(self) -> list[str]:
-        """Canonical keys of the families created so far, in creation order (``key@tag`` when tagged)."""
-        return list(self._groups)
+    def created_keys(self) -> list[PgKey]:
+        """Registry keys of the families created so far, in creation order (``key@tag`` when tagged).
+
+        For a grid returned by ``view()``: its own families, as canonical
+        strings of its dims (shared families included).
+        """
+        return self._view_keys(own_only=False)
 
     def is_current_rank_in_grid(self) -> bool:
         """Whether the calling rank is one of the grid's ranks.
@@ -420,18 +436,22 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Communi
         return self.layout.contains(dist.get_rank())
 
     def destroy(self) -> None:
-        """Release this grid's process groups on the calling rank; destroy those nothing else holds.
+        """Release this grid's families on the calling rank; destroy the groups nothing else holds.
 
-        A group shared by several families (or with a view) is destroyed once,
-        when the last grid holding it releases it; the default group never.
-        A view leaves the groups it borrows from its grid to that grid.
+        Only groups that hold the caller are destroyed, each once: a group
+        shared by several families (or keys) when the last of them is released;
+        never torch's ``NON_GROUP_MEMBER`` or the default group. On the root
+        grid: every family of every view. On a grid returned by ``view()``:
+        only that view's own families (the groups it shares with its root stay).
         Groups that torch has already destroyed (for instance by
         ``destroy_process_group()`` of the default group) are skipped.
         Idempotent; the grid can create its families again afterwards.
         """
-        freed = self._pool.release((id(self), key) for key in self._groups if key not in self._borrowed)
-        self._groups.clear()
-        self._borrowed.clear()
+        mine = self._view_keys(own_only=True)
+        for key in mine:
+            del self._pgs[key]
+        # Groups made before init_process_group (never pooled) need no destroy: there was no world.
+        freed = self._root._pool.release(mine)
         if not (dist.is_available() and dist.is_initialized()):
             return
         for group in freed:

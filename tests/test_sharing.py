@@ -158,15 +158,17 @@ def test_destroy_releases_each_group_once(one_rank_world: None) -> None:
     for family in grid.layout.all_families():
         grid.create_pg(family)
     grid.create_pg("dp", tag="ag")
-    view.create_pg("edp-ep")
-    view.create_pg("dp")  # over the shared dim: the grid's own group
+    assert view.create_pg("edp-ep") is grid.get_pg("tp")  # a view's own family, shared with the grid's
+    assert view.pg("dp") is grid.get_pg("dp")  # over the shared dim: the grid's own key
+    view.create_pg("ep", tag="x")
+    assert len(c10d._world.pg_names) == before + 3
+    view.destroy()  # its own families only: the tagged one goes, the shared one stays with the grid
     assert len(c10d._world.pg_names) == before + 2
-    grid.destroy()  # the view still holds the shared single-rank group
-    assert len(c10d._world.pg_names) == before + 1
-    view.destroy()
+    assert grid.get_pg("tp") is not None and len(grid.communicators()) == 2
+    grid.destroy()
     assert len(c10d._world.pg_names) == before
     grid.destroy()  # idempotent
-    assert len(c10d._world.pg_names) == before
+    assert len(c10d._world.pg_names) == before and grid.communicators() == []
 
 
 @st.composite
