@@ -15,15 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.communicators import (
-    Communicators,
-    GroupPool,
-    check_group_options,
-    check_tag,
-    describe_options,
-    family_options,
-    normalize_backend,
-)
+from hypergrid.communicators import Communicators, GroupPool
 from hypergrid.creation import check_can_split, check_strategy, create_family
 from hypergrid.errors import (
     GridTooLargeError,
@@ -37,6 +29,7 @@ from hypergrid.guard import CreationRequest, agree, members_scope, world_scope
 from hypergrid.layout import Dims, GridLayout, resolve_shape
 from hypergrid.mesh import MeshExport
 from hypergrid.nodes import NodeAwareness
+from hypergrid.options import check_group_options, check_tag, describe_options, family_options, normalize_backend
 from hypergrid.registry import PgKey, create_uninitialized, for_view, guard_key, member_or_none, tagged
 from hypergrid.shims import MegatronShims
 from hypergrid.values import check_timeout

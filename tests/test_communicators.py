@@ -9,14 +9,8 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from hypergrid import InvalidArgumentError, UnexpectedArgumentError
-from hypergrid.communicators import (
-    GROUP_OPTIONS,
-    GroupPool,
-    check_group_options,
-    check_tag,
-    describe_options,
-    describe_pg_options,
-)
+from hypergrid.communicators import GroupPool
+from hypergrid.options import GROUP_OPTIONS, check_group_options, check_tag, describe_options, describe_pg_options
 
 
 @pytest.mark.parametrize("tag", ["ag", "cpu", "_x", "A" * 32, "dp2"])

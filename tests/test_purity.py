@@ -27,9 +27,11 @@ ALLOWED = {
     "shims": {"facet", "layout"},
     "nodes": {"errors", "facet"},
     "mesh": {"errors", "facet", "layout"},
-    "communicators": {"economy", "errors", "facet", "layout", "registry"},
+    "options": {"errors"},
+    "communicators": {"economy", "facet", "layout", "options", "registry"},
     "grid": {
         "communicators",
+        "options",
         "creation",
         "economy",
         "errors",
@@ -49,7 +51,7 @@ ALLOWED = {
     "cli": {"economy", "errors", "layout"},
     "demo": {"cli", "errors", "grid", "launch"},
 }
-PURE = ("errors", "values", "spec", "coordinates", "layout", "economy")
+PURE = ("errors", "values", "spec", "coordinates", "layout", "economy", "options")
 
 
 def test_layout_core_loads_without_torch() -> None:
