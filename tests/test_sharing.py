@@ -229,3 +229,26 @@ def test_sharing_benchmark_counts(tmp_path: pathlib.Path) -> None:
         for row in rows
     }
     assert seen == expected and all(row["shape"] == shape for row in rows)
+
+
+def test_registered_views_share_with_the_grid_and_take_tags() -> None:
+    with fake_world(5, 8):
+        grid = HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"])
+        grid.register_view("expert", [4, 1, 2], ["ep", "edp", "dp"], shared_dims=["dp"])
+        dense = grid.create_pg("cp-tp")
+        assert grid.create_pg("ep", view="expert") is dense  # same members: the same object
+        assert grid.create_pg(["ep", "edp"], view="expert") is dense  # edp has size 1
+        tagged = grid.create_pg("ep", view="expert", tag="ag")
+        assert tagged is not dense and dist.get_process_group_ranks(tagged) == [4, 5, 6, 7]
+        assert grid.get_pg("ep", view="expert", tag="ag") is tagged
+        assert ("expert", ("ep",), "ag") in grid._pgs
+        with pytest.raises(GroupExistsError, match="tag 'ag'"):
+            grid.create_pg("ep", view="expert", tag="ag")
+        assert [c["keys"] for c in grid.communicators()] == [["cp-tp", "expert:ep", "expert:edp-ep"], ["expert:ep@ag"]]
+        bound = grid.view([4, 1, 2], ["ep", "edp", "dp"], name="expert")
+        bound.pg("dp", tag="cpu")
+        assert bound.created_keys == ["ep", "edp-ep", "ep@ag", "dp@cpu"]
+        bound.destroy()  # its own families: the tagged ep goes; dp@cpu is the grid's key (shared dim)
+        assert grid.created_keys == ["cp-tp", "dp@cpu"]
+        grid.destroy()
+        assert grid.communicators() == []
