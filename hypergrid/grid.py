@@ -296,6 +296,8 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Megatro
             >>> grid.destroy()
             >>> dist.destroy_process_group()
         """
+        if self._root is not self:  # a grid from view(): the root creates (one owner, one guard sequence)
+            return self._root.create_pg(dims, view=view or self._view_name, strategy=strategy, **kwargs)
         key, layout, spec = self._family(dims, view)
         options = self._creation_options(kwargs)
         chosen = self.strategy if strategy is None else check_strategy(strategy)
