@@ -297,6 +297,8 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Megatro
             >>> grid.destroy()
             >>> dist.destroy_process_group()
         """
+        if self._root is not self:  # a grid from view(): the root creates (one owner, one guard sequence)
+            return self._root.create_pg(dims, view=view or self._view_name, strategy=strategy, tag=tag, **kwargs)
         family, layout, spec = self._family(dims, view)
         ordered = spec.layout.canonical_dims(dims)
         tag = check_tag(tag)
