@@ -14,8 +14,13 @@ create all families on the slowest rank and the median rank (median over
 repeats), and the new_group calls and groups held per rank.
 
 With ``--fake``: torch's fake backend in one process, a ``[8, 8, 16, world/1024]``
-grid, all 15 families created on a sample of ranks: new_group calls per rank
-per family, and time per rank.
+grid, all 15 families created on a sample of ranks, one group per family
+(``share_groups=False``, as dp = 1 at 1024 ranks): new_group calls per rank per
+family, and time per rank.
+
+With ``--sharing``: communicator economy, sharing on and off, on a grid with
+tp = cp = 1 (``[1, 1, 2, world/2]`` under gloo, ``[1, 1, 16, world/16]`` with
+``--fake``): distinct groups per rank, new_group calls per rank, seconds.
 """
 
 from __future__ import annotations
@@ -142,7 +147,7 @@ def fake_rows(world: int, strategies: list[str], samples: int) -> list[dict[str,
         for rank in sorted({0, world // 3, world - 1, *range(1, samples - 2)})[:samples]:
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
             try:
-                grid = HyperCommGrid(shape, NAMES, strategy=strategy)
+                grid = HyperCommGrid(shape, NAMES, strategy=strategy, share_groups=False)  # one group per family
                 seconds, count, _ = create_all(grid)
                 grid.destroy()
             finally:
@@ -166,6 +171,84 @@ def fake_rows(world: int, strategies: list[str], samples: int) -> list[dict[str,
             }
         )
     return rows
+
+
+def sharing_shape(world: int, fake: bool) -> list[int]:
+    """A grid with tp = cp = 1 over ``world``: ``[1, 1, ep, dp]``.
+
+    Examples:
+        >>> sharing_shape(8, False), sharing_shape(65536, True)
+        ([1, 1, 2, 4], [1, 1, 16, 4096])
+    """
+    ep = 16 if fake else 2
+    if world % ep or world < 2 * ep:
+        raise ValueError(f"--sharing needs a world that is a multiple of {2 * ep}, got {world}")
+    return [1, 1, ep, world // ep]
+
+
+def sharing_rank(shape: list[int], strategy: str, share: bool) -> dict[str, Any]:
+    """Create every family of a tp = cp = 1 grid once; time, new_group calls, distinct groups held."""
+    grid = HyperCommGrid(shape, NAMES, strategy=strategy, share_groups=share)
+    if dist.get_backend() != "fake":
+        dist.barrier()
+    seconds, calls, _ = create_all(grid)
+    distinct = len(grid.communicators())
+    grid.destroy()
+    if dist.get_backend() == "fake":
+        return {"times": [seconds], "calls": calls, "distinct": distinct}
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, seconds)
+    return {"times": everyone, "calls": calls, "distinct": distinct}
+
+
+def sharing_rows(world: int, strategies: list[str], fake: bool, repeats: int, timeout_s: float) -> list[dict[str, Any]]:
+    """Sharing on and off for each strategy: fresh jobs under gloo, sampled ranks with the fake backend."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    shape = sharing_shape(world, fake)
+    rows = []
+    for strategy in strategies:
+        for share in (False, True):
+            if fake:
+                samples = []
+                for rank in (0, world - 1):
+                    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+                    try:
+                        samples.append(sharing_rank(shape, strategy, share))
+                    finally:
+                        dist.destroy_process_group()
+            else:
+                samples = [
+                    spawn(sharing_rank, world, (shape, strategy, share), timeout_s=timeout_s)[0] for _ in range(repeats)
+                ]
+            rows.append(
+                {
+                    "mode": "fake" if fake else "gloo",
+                    "world": world,
+                    "shape": shape,
+                    "strategy": strategy,
+                    "share_groups": share,
+                    "families": 2 ** len(shape) - 1,
+                    "distinct_groups_per_rank": samples[0]["distinct"],
+                    "new_group_calls_per_rank": max(sample["calls"] for sample in samples),
+                    "time_s_max": median([max(sample["times"]) for sample in samples]),
+                    "samples": len(samples),
+                }
+            )
+    return rows
+
+
+def print_sharing_table(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"{'mode':<5} {'world':>6} {'shape':<18} {'strategy':<10} {'sharing':<7} {'groups/rank':>11} "
+        f"{'new_group/rank':>14} {'max rank(s)':>11}"
+    )
+    for row in rows:
+        print(
+            f"{row['mode']:<5} {row['world']:>6} {row['shape']!s:<18} {row['strategy']:<10} "
+            f"{'on' if row['share_groups'] else 'off':<7} {row['distinct_groups_per_rank']:>11} "
+            f"{row['new_group_calls_per_rank']:>14} {row['time_s_max']:>11.4f}"
+        )
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -202,13 +285,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=4, help="ranks sampled in fake mode (default 4)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="hard limit per world in seconds")
     parser.add_argument("--json", type=pathlib.Path)
+    parser.add_argument("--sharing", action="store_true", help="sharing on and off on a tp = cp = 1 grid")
     args = parser.parse_args(argv)
     try:
         worlds = [int(w) for w in args.world.split(",")]
         strategies = [s.strip() for s in args.strategies.split(",")]
         guards = [{"on": True, "off": False}[g.strip()] for g in args.guard.split(",")]
         for world in worlds:
-            (fake_shape if args.fake else grid_shape)(world)
+            if args.sharing:
+                sharing_shape(world, args.fake)
+            else:
+                (fake_shape if args.fake else grid_shape)(world)
     except (ValueError, KeyError) as error:
         parser.error(f"bad --world, --strategies or --guard: {error}")
     if bad := [s for s in strategies if s not in ("enumerate", "local")]:
@@ -216,11 +303,13 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for world in worlds:
         print(f"# world {world} ...", file=sys.stderr, flush=True)
-        if args.fake:
+        if args.sharing:
+            rows += sharing_rows(world, strategies, args.fake, args.repeats, args.timeout)
+        elif args.fake:
             rows += fake_rows(world, strategies, args.samples)
         else:
             rows += gloo_rows(world, strategies, guards, args.repeats, args.timeout)
-    print_table(rows)
+    (print_sharing_table if args.sharing else print_table)(rows)
     if args.json:
         write_json(args.json, rows)
     return 0

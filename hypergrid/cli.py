@@ -1,7 +1,7 @@
 """``python -m hypergrid show``: a grid's layout, families and node report, without any process group.
 
     python -m hypergrid show --shape 2,2,2 --dims tp,cp,dp [--offset N] [--ranks-per-node N]
-        [--family dp,cp] [--limit 64] [--json]
+        [--family dp,cp] [--limit 64] [--json] [--communicators]
 
 Readable for a 16-rank job; summarized (first and last rows, first groups) for
 a large one; ``--json`` gives everything, for tools.
@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from hypergrid.economy import plan_communicators
 from hypergrid.errors import GridSpecError, HyperGridError, InvalidArgumentError
 from hypergrid.layout import GridLayout
 
@@ -134,6 +135,9 @@ def show(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--family", help="show one family only: names separated by ',' or a key like dp-cp")
     parser.add_argument("--limit", default="64", help="rows and groups shown before summarizing (default 64)")
     parser.add_argument("--json", action="store_true", help="print everything as JSON")
+    parser.add_argument(
+        "--communicators", action="store_true", help="which families share one communicator, and the counts per rank"
+    )
     args = parser.parse_args(argv)
     try:
         offset, limit = _positive(args.offset, "--offset", 0), _positive(args.limit, "--limit", 2)
@@ -148,6 +152,10 @@ def show(argv: Sequence[str] | None = None) -> int:
         data = describe(layout, families, per_node)
     except HyperGridError as error:
         parser.error(str(error))
+    if args.communicators:  # the communicator economy instead of the layout report
+        plan = plan_communicators(layout, families)
+        print(json.dumps(plan.to_dict()) if args.json else plan.render())
+        return 0
     print(json.dumps(data) if args.json else render(data, limit))
     return 0
 

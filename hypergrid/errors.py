@@ -15,6 +15,7 @@ __all__ = [
     "DesyncError",
     "DimsError",
     "GridSpecError",
+    "GridTooLargeError",
     "GroupExistsError",
     "GroupNotFoundError",
     "GuardTimeoutError",
@@ -23,6 +24,7 @@ __all__ = [
     "NotInitializedError",
     "RankError",
     "UnexpectedArgumentError",
+    "ViewNotFoundError",
     "WorkerError",
     "WorldSizeError",
 ]
@@ -60,6 +62,17 @@ class GroupNotFoundError(HyperGridError, KeyError):
 
 class WorldSizeError(HyperGridError, ValueError):
     """The grid does not fit in the world (``rank_offset + size > world``)."""
+
+
+class GridTooLargeError(WorldSizeError, RuntimeError):
+    """The grid needs more ranks than the world has (a ``RuntimeError`` too, as Megatron-Core raises)."""
+
+
+class ViewNotFoundError(HyperGridError, KeyError):
+    """A ``view=`` names no registered view."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class BackendError(HyperGridError, ValueError):

@@ -9,21 +9,20 @@ the default group, through ``torch.distributed.new_subgroups_by_enumeration``.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch.distributed as dist
 
 from hypergrid.collectives import Collectives
+from hypergrid.communicators import Communicators, GroupPool
 from hypergrid.creation import check_can_split, check_strategy, create_family
 from hypergrid.errors import (
-    BackendError,
+    GridTooLargeError,
     GroupExistsError,
     GroupNotFoundError,
     InvalidArgumentError,
-    UnexpectedArgumentError,
     WorldSizeError,
 )
 from hypergrid.getters import CoordinateGetters
@@ -31,19 +30,19 @@ from hypergrid.guard import CreationRequest, agree, members_scope, world_scope
 from hypergrid.layout import Dims, GridLayout, resolve_shape
 from hypergrid.mesh import MeshExport
 from hypergrid.nodes import NodeAwareness
+from hypergrid.options import check_group_options, check_tag, describe_options, family_options, normalize_backend
 from hypergrid.pipeline import Pipeline
+from hypergrid.registry import PgKey, create_uninitialized, for_view, guard_key, member_or_none, tagged
+from hypergrid.shims import MegatronShims
 from hypergrid.values import check_timeout
-from hypergrid.views import Views
+from hypergrid.views import BASE_VIEW, RankView, Views
 from hypergrid.worldstate import held_group_count
 
 __all__ = ["HyperCommGrid", "world_size_hint"]
 
-# Keyword arguments create_pg hands on to torch.distributed.new_subgroups_by_enumeration.
-_PASS_THROUGH = ("timeout", "pg_options", "group_desc")
-
 
 def world_size_hint() -> int | None:
-    """The world size, if known: from torch.distributed, else from ``WORLD_SIZE``.
+    """The world size, if known: from ``WORLD_SIZE``, else from torch.distributed (Megatron's order).
 
     Returns ``None`` when neither is available (a grid planned offline).
 
@@ -57,11 +56,9 @@ def world_size_hint() -> int | None:
         16
         >>> del os.environ["WORLD_SIZE"]
     """
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
     value = os.environ.get("WORLD_SIZE")
     if value is None:
-        return None
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
     try:
         world = int(value)
     except ValueError:
@@ -71,15 +68,9 @@ def world_size_hint() -> int | None:
     return world
 
 
-def _normalize_backend(backend: object, what: str) -> str | None:
-    if backend is None:
-        return None
-    if not isinstance(backend, str) or not backend:
-        raise BackendError(f"{what} must be None or a backend name such as 'nccl' or 'gloo', got {backend!r}")
-    return backend.lower()
-
-
-class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Collectives, Pipeline):
+class HyperCommGrid(
+    CoordinateGetters, NodeAwareness, Views, MeshExport, Collectives, Pipeline, MegatronShims, Communicators
+):
     """An N-dimensional grid of ranks with named dims and lazily created process groups.
 
     ``dim_names[0]`` is the innermost dim (consecutive ranks), as in
@@ -108,12 +99,22 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Collect
             ``hypergrid.guard``); a mismatch or a missing rank raises on all
             of them instead of hanging. On by default.
         guard_timeout_s: how long the guard waits for the other ranks.
+        share_groups: families (of this grid and its views) whose groups have
+            the same members, backend, options and tag share one process group
+            object (see ``communicators()``); ``False`` creates one group per
+            family, as Megatron does.
+        group_options: defaults for every family and view: ``timeout``,
+            ``pg_options``, ``group_desc`` (passed to torch); a ``create_pg``
+            keyword overrides them for one family.
 
     Raises:
         GridSpecError: invalid shape, names or offset.
-        WorldSizeError: ``rank_offset + size`` exceeds the known world size.
+        GridTooLargeError: (a ``WorldSizeError`` and a ``RuntimeError``, as Megatron
+            raises) ``rank_offset + size`` exceeds the known world size.
         BackendError: ``backend`` is not None or a backend name.
-        InvalidArgumentError: unknown ``strategy``, or a bad ``guard_timeout_s``.
+        InvalidArgumentError: unknown ``strategy``, a bad ``guard_timeout_s`` or
+            ``share_groups``, or a bad value in ``group_options``.
+        UnexpectedArgumentError: an unknown name in ``group_options``.
 
     Examples:
         >>> grid = HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"])
@@ -135,24 +136,46 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Collect
         strategy: str = "enumerate",
         guard: bool = True,
         guard_timeout_s: float = 300.0,
+        share_groups: bool = True,
+        group_options: Mapping[str, Any] | None = None,
     ) -> None:
         world = world_size_hint()
         self.layout = GridLayout(resolve_shape(shape, world, rank_offset), dim_names, rank_offset)
-        self.backend = _normalize_backend(backend, "backend")
+        self.backend = normalize_backend(backend, "backend")
         self.strategy = check_strategy(strategy)
         if not isinstance(guard, bool):
             raise InvalidArgumentError(f"guard must be True or False, got {guard!r}")
         self.guard = guard
         self.guard_timeout_s = check_timeout(guard_timeout_s, "guard_timeout_s")
+        if not isinstance(share_groups, bool):
+            raise InvalidArgumentError(f"share_groups must be True or False, got {share_groups!r}")
+        self.share_groups = share_groups
+        self.group_options = check_group_options(group_options)
         self._check_fits(world)
-        # Canonical key -> the caller's group (None where the caller is in no group).
-        self._groups: dict[str, dist.ProcessGroup | None] = {}
+        # The grid whose registry this one uses (itself, except for a grid returned by view()),
+        # and the view it enumerates. The root grid holds every view and every group.
+        self._root: HyperCommGrid = self
+        self._view_name = BASE_VIEW
+        self._views: dict[str, RankView] = {BASE_VIEW: RankView(BASE_VIEW, self.shape, self.dim_names, [], self.layout)}
+        # Megatron's key -> the caller's group (None where the caller is in no group); see _pgs.
+        self._registry: dict[PgKey, Any] = {}
+        # The root's groups shared by partition, backend, options and tag, held by registry keys.
+        self._pool = GroupPool()
         # Creations asked of this grid so far (never reset): part of what the guard compares.
         self._creations = 0
-        # For a view: the grid it folds, and the dims whose families it takes from there.
-        self._parent: HyperCommGrid | None = None
-        self.shared_dims: tuple[str, ...] = ()
-        self._borrowed: set[str] = set()  # keys whose group belongs to the parent grid
+
+    @property
+    def _pgs(self) -> dict[PgKey, Any]:
+        """The registry, under Megatron-Core's name and keys (``"dp-tp"``, ``("expert", ("ep", "expt_tp"))``).
+
+        Code that reads or replaces ``grid._pgs`` (as Megatron's does) reads or
+        replaces the registry itself; a grid returned by ``view()`` shares its root's.
+        """
+        return self._root._registry
+
+    @_pgs.setter
+    def _pgs(self, value: dict[PgKey, Any]) -> None:
+        self._root._registry = value
 
     # -- attributes ---------------------------------------------------------
 
@@ -179,84 +202,86 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Collect
     def __repr__(self) -> str:
         return (
             f"HyperCommGrid(shape={self.shape}, dim_names={self.dim_names}, "
-            f"rank_offset={self.rank_offset}, backend={self.backend!r}, groups={list(self._groups)})"
+            f"rank_offset={self.rank_offset}, backend={self.backend!r}, groups={self.created_keys})"
         )
 
     # -- checks -------------------------------------------------------------
 
     def _check_fits(self, world: int | None) -> None:
         if world is not None and self.rank_offset + self.size > world:
-            raise WorldSizeError(
-                f"grid of shape {self.shape} ({self.size} ranks) with rank_offset {self.rank_offset} "
-                f"needs ranks up to {self.rank_offset + self.size - 1}, but the world has {world} ranks "
-                f"(0..{world - 1})"
+            raise GridTooLargeError(
+                f"Grid shape {self.shape} is over sized with world size {world} and rank offset "
+                f"{self.rank_offset}: its {self.size} ranks with rank_offset {self.rank_offset} need ranks up to "
+                f"{self.rank_offset + self.size - 1}, but the world has {world} ranks (0..{world - 1})"
             )
-
-    def _creation_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(kwargs) - set(_PASS_THROUGH) - {"backend"})
-        if unknown:
-            raise UnexpectedArgumentError(
-                f"create_pg got unexpected keyword argument(s) {unknown}; accepted: {[*_PASS_THROUGH, 'backend']}"
-            )
-        options = {name: kwargs[name] for name in _PASS_THROUGH if name in kwargs}
-        timeout = options.get("timeout")
-        if timeout is not None and not (isinstance(timeout, datetime.timedelta) and timeout.total_seconds() > 0):
-            raise InvalidArgumentError(f"timeout must be a positive datetime.timedelta or None, got {timeout!r}")
-        desc = options.get("group_desc")
-        if desc is not None and not isinstance(desc, str):
-            raise InvalidArgumentError(f"group_desc must be a str or None, got {desc!r}")
-        backend = self.backend
-        if "backend" in kwargs:
-            asked = _normalize_backend(kwargs["backend"], "create_pg's backend")
-            if backend is not None and asked is not None and asked != backend:
-                raise BackendError(
-                    f"create_pg was asked for backend {kwargs['backend']!r} but this grid was built "
-                    f"with backend {self.backend!r}; build a separate grid for another backend"
-                )
-            backend = backend or asked
-        options["backend"] = backend
-        return options
 
     # -- groups -------------------------------------------------------------
 
-    def get_rank_enum(self, dims: Dims) -> list[list[int]]:
+    def get_rank_enum(self, dims: Dims, *, view: str | None = None) -> list[list[int]]:
         """The ranks of every group of the family over ``dims`` (pure, no torch call).
 
         Exactly what ``create_pg`` passes to ``new_subgroups_by_enumeration``;
-        dims in any order give the same result.
+        dims in any order give the same result. ``view`` names a registered view
+        (``register_view``); default: this grid's own.
 
         Raises:
             DimsError: unknown, repeated or no dims.
+            ViewNotFoundError: (a ``KeyError``) ``view`` is not registered.
 
         Examples:
             >>> HyperCommGrid([2, 2, 2], ["a", "b", "c"]).get_rank_enum(["b", "a"])
             [[0, 1, 2, 3], [4, 5, 6, 7]]
         """
-        return self.layout.rank_enum(dims)
+        _, _, spec = self._family(dims, view)
+        return spec.layout.rank_enum(dims)
 
-    def create_pg(self, dims: Dims, *, strategy: str | None = None, **kwargs: Any) -> dist.ProcessGroup | None:
+    def create_pg(
+        self,
+        dims: Dims,
+        *,
+        view: str | None = None,
+        strategy: str | None = None,
+        tag: str | None = None,
+        **kwargs: Any,
+    ) -> dist.ProcessGroup | None:
         """Create the process groups of the family over ``dims``; return the caller's.
 
         Collective: with strategies ``"enumerate"`` and ``"split"`` every rank
         of the default group must call it, for the same dims, in the same
         order; with ``"local"`` the members of each group must. Keyword
-        arguments ``timeout``, ``pg_options`` and ``group_desc`` are passed to
-        torch (``new_subgroups_by_enumeration``, ``new_group`` or
-        ``split_group``); ``backend`` may be given if it agrees with the grid's.
-        ``strategy`` overrides the grid's for this family.
+        arguments ``timeout``, ``pg_options`` and ``group_desc`` (default: the
+        grid's ``group_options``) are passed to torch
+        (``new_subgroups_by_enumeration``, ``new_group`` or ``split_group``).
+        ``strategy`` overrides the grid's for this family. ``view`` names a
+        registered view: a family over its shared dims only is the base grid's
+        (created once, under the base key); its other families are its own.
+        With ``share_groups`` on, a family whose groups have the same members,
+        backend, options and tag as one created before gets that group object
+        and creates nothing (``group_desc`` takes no part); the guard checks
+        the request all the same. See ``docs/communicators.md``.
+
+        Args:
+            dims: the family's dims, in any order.
+            view: a registered view's name (default: this grid's).
+            strategy: how to create it (default: the grid's).
+            tag: a short identifier for a separate communicator over the same
+                family; it never shares with an untagged group.
+            **kwargs: ``timeout``, ``pg_options``, ``group_desc``; ``backend``,
+                which must agree with the grid's unless ``tag`` is given.
 
         Returns:
             The group holding the calling rank, or ``None`` on ranks outside the grid.
 
         Raises:
             DimsError: unknown, repeated or no dims.
-            GroupExistsError: (a ``KeyError``) this family was already created.
+            GroupExistsError: (a ``KeyError``) this family (with this tag) was already created.
+            ViewNotFoundError: (a ``KeyError``) ``view`` is not registered.
             UnexpectedArgumentError: an unknown keyword argument.
-            BackendError: ``backend`` conflicts with the grid's, or ``"split"``
-                where the default group cannot split.
-            InvalidArgumentError: unknown ``strategy``.
+            BackendError: ``backend`` conflicts with the grid's on an untagged
+                family, or ``"split"`` where the default group cannot split.
+            InvalidArgumentError: unknown ``strategy``, a bad ``tag`` or option value.
             NotInitializedError: torch.distributed is not initialized.
-            WorldSizeError: the grid does not fit in the world.
+            GridTooLargeError: the grid does not fit in the world.
             DesyncError: (guard on) the participating ranks asked for different things.
             GuardTimeoutError: (guard on) some participating ranks did not arrive in time.
 
@@ -269,34 +294,40 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Collect
             >>> group = grid.create_pg(["dp", "tp"], group_desc="TP_DP")
             >>> dist.get_process_group_ranks(group), group.group_desc, grid.created_keys
             ([0], 'TP_DP', ['dp-tp'])
-            >>> grid.get_pg("tp-dp") is group
-            True
+            >>> grid.get_pg("tp-dp") is group, grid.create_pg("dp") is group, grid.create_pg("dp", tag="ag") is group
+            (True, True, False)
+            >>> grid.created_keys
+            ['dp-tp', 'dp', 'dp@ag']
             >>> grid.destroy()
             >>> dist.destroy_process_group()
         """
-        key = self.layout.key(dims)
-        options = self._creation_options(kwargs)
+        if self._root is not self:  # a grid from view(): the root creates (one owner, one guard sequence)
+            return self._root.create_pg(dims, view=view or self._view_name, strategy=strategy, tag=tag, **kwargs)
+        family, layout, spec = self._family(dims, view)
+        ordered = spec.layout.canonical_dims(dims)
+        tag = check_tag(tag)
+        key = tagged(family, tag)
+        backend, options = family_options(kwargs, self.group_options, self.backend, tag)
         chosen = self.strategy if strategy is None else check_strategy(strategy)
-        if key in self._groups:
+        if key in self._pgs:
+            what = "" if tag is None else f" with tag {tag!r}"
             raise GroupExistsError(
-                f"the process group for dims {dims!r} (key {key!r}) was already created on this grid; "
+                f"Process group {dims!r}{for_view(key)}{what} has already been created on this grid (key {key!r}); "
                 "use get_pg to fetch it, or destroy() the grid's groups first"
             )
-        if self._parent is not None and set(self.layout.canonical_dims(key)) <= set(self.shared_dims):
-            # A family over shared dims only is the grid's own group object.
-            group = self._parent.pg(list(self.layout.canonical_dims(key)), strategy=strategy, **kwargs)
-            self._groups[key] = group
-            self._borrowed.add(key)
-            return group
-        self._require_initialized("create_pg")
+        if not (dist.is_available() and dist.is_initialized()):
+            group = create_uninitialized(chosen, layout.rank_enum(ordered), {**options, "backend": backend})
+            self._pgs[key] = group
+            return member_or_none(group)
         world = dist.get_world_size()
         self._check_fits(world)
         if chosen == "split":
-            check_can_split(options["backend"])
+            check_can_split(backend)
         # Only members-only creation needs the caller's own group: skip that O(group) work otherwise.
         rank = dist.get_rank()
         local = chosen == "local" and self.layout.contains(rank)
-        my_ranks = self.layout.group_ranks(key, rank) if local else None
+        my_ranks = layout.group_ranks(ordered, rank) if local else None
+        sharing, shared = self._shared(layout, ordered, key, backend, options, tag)
         sequence = self._creations
         self._creations += 1
         if self.guard:
@@ -306,26 +337,33 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Collect
                 participants, scope = list(range(world)), world_scope()
             request = CreationRequest(
                 grid=self._describe(),
-                key=key,
+                key=guard_key(key),
                 strategy=chosen,
                 grid_sequence=sequence,
-                held_groups=held_group_count() if chosen == "local" else None,
+                held_groups=held_group_count() if chosen == "local" and shared is None else None,
+                options=f"backend={backend!r} {describe_options(options)}",
             )
             agree(request, participants, scope, self.guard_timeout_s)
-        rank_enum = None if chosen == "local" else self.layout.rank_enum(key)
-        group = create_family(chosen, rank_enum, my_ranks, options)
-        self._groups[key] = group
-        return group
 
-    def pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None:
-        """The caller's group over ``dims``, created on first use.
+        def create() -> Any:
+            rank_enum = None if chosen == "local" else layout.rank_enum(ordered)
+            return create_family(chosen, rank_enum, my_ranks, {**options, "backend": backend})
+
+        group = self._keep(sharing, shared, key, create, backend, tag, options)
+        self._pgs[key] = group
+        return member_or_none(group)
+
+    def pg(
+        self, dims: Dims, *, view: str | None = None, tag: str | None = None, **kwargs: Any
+    ) -> dist.ProcessGroup | None:
+        """The caller's group over ``dims`` (with ``tag``, if given), created on first use.
 
         **Collective on first use** (it calls ``create_pg``, with the same
         rules): every rank that takes part must call it for the same dims in the
         same order. With the guard on (the default) a rank that asks for
         something else makes every participant raise ``DesyncError`` instead of
         hanging. Later calls are local lookups; keyword arguments are used only
-        on the creating call.
+        on the creating call. ``view`` as in ``create_pg``.
 
         Examples:
             >>> import torch.distributed as dist
@@ -333,12 +371,15 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Collect
             >>> grid = HyperCommGrid([1], ["dp"])
             >>> grid.pg("dp") is grid.pg("dp") is grid.get_pg("dp")
             True
+            >>> grid.pg("dp", tag="ag") is grid.get_pg("dp", tag="ag")
+            True
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        key = self.layout.key(dims)
-        if key in self._groups:
-            return self._groups[key]
-        return self.create_pg(key, **kwargs)
+        family, _, _ = self._family(dims, view)
+        key = tagged(family, check_tag(tag))
+        if key in self._pgs:
+            return member_or_none(self._pgs[key])
+        return self.create_pg(dims, view=view, tag=tag, **kwargs)
 
     def _describe(self) -> str:
         return (
@@ -346,34 +387,43 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Collect
             f"backend={self.backend!r}"
         )
 
-    def get_pg(self, dims: Dims) -> dist.ProcessGroup | None:
-        """The caller's group of an already created family (a local lookup).
+    def get_pg(self, dims: Dims, *, view: str | None = None, tag: str | None = None) -> dist.ProcessGroup | None:
+        """The caller's group of an already created family (a local lookup), with ``tag`` if given.
 
-        Returns ``None`` on ranks outside the grid.
+        Returns ``None`` on ranks outside the grid (also where the registry holds
+        torch's ``GroupMember.NON_GROUP_MEMBER``). ``view`` as in ``create_pg``.
 
         Raises:
             DimsError: unknown, repeated or no dims.
-            GroupNotFoundError: (a ``KeyError``) the family was not created yet.
+            GroupNotFoundError: (a ``KeyError``) the family (with this tag) was not created yet.
+            ViewNotFoundError: (a ``KeyError``) ``view`` is not registered.
+            InvalidArgumentError: a bad ``tag``.
 
         Examples:
             >>> HyperCommGrid([2, 2], ["tp", "dp"]).get_pg("tp")  # doctest: +ELLIPSIS
             Traceback (most recent call last):
               ...
-            hypergrid.errors.GroupNotFoundError: no process group for dims 'tp' (key 'tp'); ...
+            hypergrid.errors.GroupNotFoundError: Process group for 'tp' hasn't been created ...
         """
-        key = self.layout.key(dims)
-        try:
-            return self._groups[key]
-        except KeyError:
+        family, _, _ = self._family(dims, view)
+        key = tagged(family, check_tag(tag))
+        if key not in self._pgs:
+            what = f"for {key!r}" if isinstance(key, str) else f"{dims!r}{for_view(key)}"
+            call = "create_pg" if tag is None else f"create_pg(..., tag={tag!r})"
             raise GroupNotFoundError(
-                f"no process group for dims {dims!r} (key {key!r}); created so far: "
-                f"{list(self._groups)}; call create_pg({key!r}) first"
-            ) from None
+                f"Process group {what} hasn't been created (dims {dims!r}, key {key!r}); created so far: "
+                f"{list(self._pgs)}; call {call} first"
+            )
+        return member_or_none(self._pgs[key])
 
     @property
-    def created_keys(self) -> list[str]:
-        """Canonical keys of the families created so far, in creation order."""
-        return list(self._groups)
+    def created_keys(self) -> list[PgKey]:
+        """Registry keys of the families created so far, in creation order (``key@tag`` when tagged).
+
+        For a grid returned by ``view()``: its own families, as canonical
+        strings of its dims (shared families included).
+        """
+        return self._view_keys(own_only=False)
 
     def is_current_rank_in_grid(self) -> bool:
         """Whether the calling rank is one of the grid's ranks.
@@ -385,23 +435,25 @@ class HyperCommGrid(CoordinateGetters, NodeAwareness, Views, MeshExport, Collect
         return self.layout.contains(dist.get_rank())
 
     def destroy(self) -> None:
-        """Destroy the process groups this grid created on the calling rank.
+        """Release this grid's families on the calling rank; destroy the groups nothing else holds.
 
-        Only this grid's groups that hold the caller are destroyed, each once
-        (a view leaves the groups it shares with its grid to that grid: destroy
-        views before their grid);
-        groups that torch has already destroyed (for instance by
+        Only groups that hold the caller are destroyed, each once: a group
+        shared by several families (or keys) when the last of them is released;
+        never torch's ``NON_GROUP_MEMBER`` or the default group. On the root
+        grid: every family of every view. On a grid returned by ``view()``:
+        only that view's own families (the groups it shares with its root stay).
+        Groups that torch has already destroyed (for instance by
         ``destroy_process_group()`` of the default group) are skipped.
         Idempotent; the grid can create its families again afterwards.
         """
-        unique = {
-            id(group): group for key, group in self._groups.items() if group is not None and key not in self._borrowed
-        }
-        self._groups.clear()
-        self._borrowed.clear()
+        mine = self._view_keys(own_only=True)
+        for key in mine:
+            del self._pgs[key]
+        # Groups made before init_process_group (never pooled) need no destroy: there was no world.
+        freed = self._root._pool.release(mine)
         if not (dist.is_available() and dist.is_initialized()):
             return
-        for group in unique.values():
+        for group in freed:
             # ValueError: torch no longer knows this group; it was destroyed elsewhere.
             with contextlib.suppress(ValueError):
                 dist.destroy_process_group(group)

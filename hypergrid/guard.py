@@ -54,10 +54,13 @@ class CreationRequest:
     strategy: str
     grid_sequence: int
     held_groups: int | None = None
+    options: str = ""  # backend and options description (tag: in the key)
 
     def describe(self) -> str:
         """The request in words, for error messages."""
         text = f"key {self.key!r} with strategy {self.strategy!r} as creation #{self.grid_sequence} of {self.grid}"
+        if self.options:
+            text += f", options {self.options}"
         if self.held_groups is not None:
             text += f", holding {self.held_groups} process groups"
         return text

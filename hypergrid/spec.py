@@ -85,7 +85,8 @@ def check_dim_names(dim_names: object, ndim: int) -> tuple[str, ...]:
     names = list(dim_names)
     if len(names) != ndim:
         raise GridSpecError(
-            f"dim_names {names!r} has {len(names)} names but shape has {ndim} dims; give one name per dim"
+            f"len(shape) {ndim} != len(dim_names) {len(names)}: dim_names {names!r} has {len(names)} names "
+            f"but shape has {ndim} dims; give one name per dim"
         )
     for position, name in enumerate(names):
         # Names become keyword arguments and named-tuple fields (rank_of(tp=0)),

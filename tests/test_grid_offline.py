@@ -80,7 +80,7 @@ def test_one_rank_lifecycle() -> None:
     assert group is not None and group.group_desc == "HG_BOTH"
     assert group._get_backend(torch.device("cpu")).options._timeout == datetime.timedelta(seconds=77)
     assert grid.get_pg("tp-dp") is group and grid.get_pg(["dp", "tp"]) is group
-    with pytest.raises(GroupExistsError, match=r"'dp-tp'.*already created") as error:
+    with pytest.raises(GroupExistsError, match=r"already been created.*'dp-tp'") as error:
         grid.create_pg(["dp", "tp"])
     assert isinstance(error.value, KeyError)
     grid.destroy()
@@ -101,7 +101,10 @@ def test_create_rechecks_the_real_world_size(monkeypatch: pytest.MonkeyPatch) ->
     try:
         with pytest.raises(WorldSizeError, match="world has 1"):
             grid.create_pg("dp")
+        # WORLD_SIZE, when set, is what a grid is planned against (Megatron's order); creation checks the live world.
+        assert HyperCommGrid([2], ["dp"]).size == 2
+        monkeypatch.delenv("WORLD_SIZE")
         with pytest.raises(WorldSizeError, match="world has 1"):
-            HyperCommGrid([2], ["dp"])  # the live world wins over the environment
+            HyperCommGrid([2], ["dp"])
     finally:
         dist.destroy_process_group()

@@ -48,7 +48,7 @@ def test_kwargs_reach_torch(results: list[dict[str, Any]]) -> None:
 
 def test_recreating_a_family_raises_key_error(results: list[dict[str, Any]]) -> None:
     for result in results:
-        assert "'cp-tp'" in result["recreate"] and "already created" in result["recreate"]
+        assert "'cp-tp'" in result["recreate"] and "has already been created" in result["recreate"]
 
 
 def test_offset_grid_gives_non_members_none(results: list[dict[str, Any]]) -> None:

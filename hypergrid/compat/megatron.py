@@ -13,14 +13,27 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
+
+import torch.distributed as dist
 
 from hypergrid.errors import DimsError, GridSpecError
 from hypergrid.grid import HyperCommGrid
 from hypergrid.layout import GridLayout
 
-__all__ = ["grid_from_order", "RankGenerator", "moe_grids"]
+__all__ = [
+    "PG_FIELDS",
+    "ProcessGroupCollection",
+    "RankGenerator",
+    "collection_class",
+    "grid_from_order",
+    "moe_grids",
+    "process_group_families",
+    "process_groups",
+]
 
 _MEGATRON_DIMS = ("tp", "cp", "ep", "dp", "pp")
 
@@ -113,3 +126,203 @@ def moe_grids(
         raise GridSpecError(f"etp*ep*pp = {etp * ep * pp} does not divide the {dense.size} ranks of the dense grid")
     expert_sizes = {"etp": etp, "ep": ep, "edp": dense.size // (etp * ep * pp), "pp": pp}
     return dense, dense.view([expert_sizes[name] for name in expert_names], expert_names, ["pp"])
+
+
+# -- ProcessGroupCollection ---------------------------------------------------
+
+#: The fields of Megatron-Core's ``ProcessGroupCollection`` (megatron/core/process_groups_config.py).
+PG_FIELDS = (
+    "tp",
+    "pp",
+    "mp",
+    "embd",
+    "pos_embd",
+    "cp",
+    "tp_cp",
+    "hcp",
+    "ep",
+    "expt_tp",
+    "tp_ep",
+    "tp_ep_pp",
+    "tp_dp_cp",
+    "dp",
+    "dp_cp",
+    "expt_dp",
+    "intra_dp_cp",
+    "intra_expt_dp",
+    "inter_dist_opt",
+    "intra_dist_opt",
+)
+
+# Field -> the dims of its family: on the grid (dense), on the expert view (expert).
+_DENSE = {
+    "tp": ("tp",),
+    "pp": ("pp",),
+    "cp": ("cp",),
+    "dp": ("dp",),
+    "mp": ("tp", "pp"),
+    "tp_cp": ("tp", "cp"),
+    "dp_cp": ("dp", "cp"),
+    "tp_dp_cp": ("tp", "dp", "cp"),
+}
+_EXPERT = {
+    "ep": ("ep",),
+    "expt_tp": ("expt_tp",),
+    "tp_ep": ("expt_tp", "ep"),
+    "tp_ep_pp": ("expt_tp", "ep", "pp"),
+    "expt_dp": ("expt_dp",),
+}
+_EXPERT_ALIASES = {"expt_tp": "etp", "expt_dp": "edp"}  # the names moe_grids uses
+
+
+@dataclass
+class ProcessGroupCollection:
+    """Megatron-Core's ``ProcessGroupCollection`` field names, for where megatron-core is not installed.
+
+    Every field holds the calling rank's group, or ``None`` (not a member, or not built).
+    """
+
+    tp: Any = None
+    pp: Any = None
+    mp: Any = None
+    embd: Any = None
+    pos_embd: Any = None
+    cp: Any = None
+    tp_cp: Any = None
+    hcp: Any = None
+    ep: Any = None
+    expt_tp: Any = None
+    tp_ep: Any = None
+    tp_ep_pp: Any = None
+    tp_dp_cp: Any = None
+    dp: Any = None
+    dp_cp: Any = None
+    expt_dp: Any = None
+    intra_dp_cp: Any = None
+    intra_expt_dp: Any = None
+    inter_dist_opt: Any = None
+    intra_dist_opt: Any = None
+
+
+def collection_class() -> type:
+    """Megatron-Core's ``ProcessGroupCollection`` when megatron-core imports, else hypergrid's stand-in.
+
+    Examples:
+        >>> collection_class().__name__
+        'ProcessGroupCollection'
+    """
+    try:
+        module = importlib.import_module("megatron.core.process_groups_config")
+    except ImportError:
+        return ProcessGroupCollection
+    real: type = module.ProcessGroupCollection
+    return real
+
+
+def _present(names: Sequence[str], dims: tuple[str, ...], aliases: Mapping[str, str]) -> list[str]:
+    """The family's dims as the grid names them; a dim the grid lacks counts as size 1 and is left out."""
+    found = []
+    for dim in dims:
+        name = dim if dim in names else aliases.get(dim, dim)
+        if name in names:
+            found.append(name)
+    return found
+
+
+def process_group_families(grid: HyperCommGrid, expert: str | None = None) -> dict[str, tuple[str | None, list[str]]]:
+    """Which family of which view each grid-made field of ``process_groups`` is (pure, no torch call).
+
+    Returns:
+        Field name -> (view name or None for the grid's own, dims as the view names them).
+        Fields whose dims are all absent are left out.
+
+    Examples:
+        >>> grid = HyperCommGrid([2, 1, 2, 2], ["tp", "cp", "dp", "pp"])
+        >>> process_group_families(grid)["mp"], process_group_families(grid)["dp_cp"]
+        ((None, ['tp', 'pp']), (None, ['dp', 'cp']))
+    """
+    families: dict[str, tuple[str | None, list[str]]] = {}
+    for field_name, dims in _DENSE.items():
+        found = _present(grid.dim_names, dims, {})
+        if found:
+            families[field_name] = (None, found)
+    if expert is not None:
+        names = grid._rank_view(expert).dim_names
+        for field_name, dims in _EXPERT.items():
+            found = _present(names, dims, _EXPERT_ALIASES)
+            if found:
+                families[field_name] = (expert, found)
+    return families
+
+
+def _embedding_enums(grid: HyperCommGrid) -> tuple[list[list[int]], list[list[int]]]:
+    """Megatron's embedding groups (first and last pipeline stage) and position-embedding groups (first)."""
+    stages = grid.get_rank_enum("pp") if "pp" in grid.dim_names else [[rank] for rank in grid.layout.rank_array().flat]
+    embd = [[group[0], group[-1]] if len(group) > 1 else [group[0]] for group in stages]
+    return embd, [[group[0]] for group in stages]
+
+
+def process_groups(grid: HyperCommGrid, expert: str | HyperCommGrid | None = None, *, embedding: bool = True) -> Any:
+    """A Megatron-Core ``ProcessGroupCollection`` of the grid's groups (and of an expert view's).
+
+    **Collective**: every rank of the world must call it with the same grid.
+    Families are created through the grid (``create_pgs`` in one step where
+    the grid has it, else ``create_pg`` per family in a fixed order); families
+    already created are reused. Dense fields come from the grid's dims
+    ``tp``, ``cp``, ``dp``, ``pp`` (a missing dim counts as size 1); expert
+    fields (``ep``, ``expt_tp``, ``tp_ep``, ``tp_ep_pp``, ``expt_dp``) from the
+    view ``expert`` (names ``expt_tp``/``etp``, ``ep``, ``expt_dp``/``edp``,
+    ``pp``), else ``None``. With one distributed-optimizer instance, as
+    Megatron does: ``intra_dp_cp`` is ``dp_cp``, ``intra_expt_dp`` is
+    ``expt_dp``; ``inter_dist_opt``, ``intra_dist_opt`` and ``hcp`` are ``None``.
+    With ``embedding``, ``embd`` (first and last stage of each pipeline) and
+    ``pos_embd`` (first stage) are made with ``new_subgroups_by_enumeration``;
+    they are not grid families, so ``grid.destroy()`` leaves them to the caller.
+
+    Args:
+        grid: the dense grid (or a grid returned by its ``view()``: its root is used).
+        expert: the expert view: a name given to ``register_view``, or a grid returned by ``view()``.
+        embedding: also make the embedding groups.
+
+    Returns:
+        Megatron-Core's ``ProcessGroupCollection`` when megatron-core is importable,
+        else hypergrid's dataclass with the same field names.
+
+    Raises:
+        ViewNotFoundError: (a ``KeyError``) ``expert`` names no registered view.
+        NotInitializedError: torch.distributed is not initialized.
+
+    Examples:
+        >>> import torch.distributed as dist
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> grid = HyperCommGrid([1, 1, 1, 1], ["tp", "cp", "dp", "pp"])
+        >>> grid.register_view("expert", [1, 1, 1, 1], ["expt_tp", "ep", "expt_dp", "pp"], ["pp"])
+        >>> pgs = process_groups(grid, "expert")
+        >>> pgs.tp is grid.get_pg("tp"), pgs.ep is grid.get_pg("ep", view="expert"), pgs.intra_dp_cp is pgs.dp_cp
+        (True, True, True)
+        >>> grid.destroy(); dist.destroy_process_group()
+    """
+    root = grid._root
+    view = expert._view_name if isinstance(expert, HyperCommGrid) else expert
+    families = process_group_families(root, view)
+    for name in (None, view) if view is not None else (None,):
+        wanted = [dims for target, dims in families.values() if target == name]
+        missing = [dims for dims in wanted if root._family(dims, name)[0] not in root._pgs]
+        target_grid = root if name is None else root._bound_view(name)
+        if missing and hasattr(target_grid, "create_pgs"):
+            target_grid.create_pgs(missing)
+        else:
+            for dims in missing:
+                target_grid.create_pg(dims)
+    values: dict[str, Any] = {
+        field_name: root.get_pg(dims, view=target) for field_name, (target, dims) in families.items()
+    }
+    if embedding:
+        embd, pos_embd = _embedding_enums(root)
+        values["embd"], _ = dist.new_subgroups_by_enumeration(embd, backend=root.backend)  # type: ignore[no-untyped-call]
+        values["pos_embd"], _ = dist.new_subgroups_by_enumeration(pos_embd, backend=root.backend)  # type: ignore[no-untyped-call]
+    values["intra_dp_cp"] = values.get("dp_cp")
+    values["intra_expt_dp"] = values.get("expt_dp")
+    cls = collection_class()
+    known = {f.name for f in fields(cls)} if is_dataclass(cls) else set(PG_FIELDS)
+    return cls(**{name: values.get(name) for name in PG_FIELDS if name in known})
