@@ -21,6 +21,7 @@ import torch.distributed as dist
 from hypergrid.creation import check_can_split, check_strategy, create_family
 from hypergrid.errors import (
     BackendError,
+    DimsError,
     GridSpecError,
     GroupExistsError,
     GroupNotFoundError,
@@ -29,12 +30,14 @@ from hypergrid.errors import (
     UnexpectedArgumentError,
     WorldSizeError,
 )
-from hypergrid.guard import CreationRequest, agree, members_scope, world_scope
+from hypergrid.guard import CreationRequest, GuardLedger, agree, members_scope, world_scope
 from hypergrid.layout import KEY_SEPARATOR, Dims, GridLayout, resolve_shape
 from hypergrid.values import check_timeout
 from hypergrid.worldstate import held_group_count
 
 __all__ = ["HyperCommGrid", "world_size_hint"]
+
+_TIMES = "\u00d7"  # the multiplication sign (U+00D7) between the dims of a grid's short name
 
 # Keyword arguments create_pg hands on to torch.distributed.new_subgroups_by_enumeration.
 _PASS_THROUGH = ("timeout", "pg_options", "group_desc")
@@ -106,12 +109,17 @@ class HyperCommGrid:
             :mod:`hypergrid.guard`); a mismatch or a missing rank raises on all
             of them instead of hanging. On by default.
         guard_timeout_s: how long the guard waits for the other ranks.
+        guard_progress_s: while the guard waits, a warning on the ``"hypergrid"``
+            logger every this many seconds (the first after
+            ``min(guard_progress_s, guard_timeout_s / 4)``) names how many ranks
+            arrived; silence it with
+            ``logging.getLogger("hypergrid").setLevel(logging.ERROR)``.
 
     Raises:
         GridSpecError: invalid shape, names or offset.
         WorldSizeError: ``rank_offset + size`` exceeds the known world size.
         BackendError: ``backend`` is not None or a backend name.
-        InvalidArgumentError: unknown ``strategy``, or a bad ``guard_timeout_s``.
+        InvalidArgumentError: unknown ``strategy``, or a bad ``guard_timeout_s`` or ``guard_progress_s``.
 
     Examples:
         >>> grid = HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"])
@@ -133,6 +141,7 @@ class HyperCommGrid:
         strategy: str = "enumerate",
         guard: bool = True,
         guard_timeout_s: float = 300.0,
+        guard_progress_s: float = 30.0,
     ) -> None:
         world = world_size_hint()
         self.layout = GridLayout(resolve_shape(shape, world, rank_offset), dim_names, rank_offset)
@@ -142,11 +151,14 @@ class HyperCommGrid:
             raise InvalidArgumentError(f"guard must be True or False, got {guard!r}")
         self.guard = guard
         self.guard_timeout_s = check_timeout(guard_timeout_s, "guard_timeout_s")
+        self.guard_progress_s = check_timeout(guard_progress_s, "guard_progress_s")
         self._check_fits(world)
         # Canonical key -> the caller's group (None where the caller is in no group).
         self._groups: dict[str, dist.ProcessGroup | None] = {}
         # Creations asked of this grid so far (never reset): part of what the guard compares.
         self._creations = 0
+        # The guard rounds of this grid whose keys may still be in the store; destroy() deletes them.
+        self._guard_ledger = GuardLedger()
         # For a view: the grid it folds, and the dims whose families it takes from there.
         self._parent: HyperCommGrid | None = None
         self.shared_dims: tuple[str, ...] = ()
@@ -197,11 +209,11 @@ class HyperCommGrid:
                 "torch.distributed.init_process_group first (get_rank_enum works offline)"
             )
 
-    def _creation_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _creation_options(self, kwargs: dict[str, Any], call: str = "create_pg") -> dict[str, Any]:
         unknown = sorted(set(kwargs) - set(_PASS_THROUGH) - {"backend"})
         if unknown:
             raise UnexpectedArgumentError(
-                f"create_pg got unexpected keyword argument(s) {unknown}; accepted: {[*_PASS_THROUGH, 'backend']}"
+                f"{call} got unexpected keyword argument(s) {unknown}; accepted: {[*_PASS_THROUGH, 'backend']}"
             )
         options = {name: kwargs[name] for name in _PASS_THROUGH if name in kwargs}
         timeout = options.get("timeout")
@@ -212,10 +224,10 @@ class HyperCommGrid:
             raise InvalidArgumentError(f"group_desc must be a str or None, got {desc!r}")
         backend = self.backend
         if "backend" in kwargs:
-            asked = _normalize_backend(kwargs["backend"], "create_pg's backend")
+            asked = _normalize_backend(kwargs["backend"], f"{call}'s backend")
             if backend is not None and asked is not None and asked != backend:
                 raise BackendError(
-                    f"create_pg was asked for backend {kwargs['backend']!r} but this grid was built "
+                    f"{call} was asked for backend {kwargs['backend']!r} but this grid was built "
                     f"with backend {self.backend!r}; build a separate grid for another backend"
                 )
             backend = backend or asked
@@ -280,47 +292,154 @@ class HyperCommGrid:
             >>> dist.destroy_process_group()
         """
         key = self.layout.key(dims)
-        options = self._creation_options(kwargs)
-        chosen = self.strategy if strategy is None else check_strategy(strategy)
-        if key in self._groups:
-            raise GroupExistsError(
-                f"the process group for dims {dims!r} (key {key!r}) was already created on this grid; "
-                "use get_pg to fetch it, or destroy() the grid's groups first"
+        return self._create_families({key: dims}, strategy, kwargs, "create_pg")[key]
+
+    def create_pgs(
+        self, dims_list: Sequence[Dims], *, strategy: str | None = None, **kwargs: Any
+    ) -> dict[str, dist.ProcessGroup | None]:
+        """Create many families in one step, behind ONE guard round; return the caller's group of each.
+
+        Collective like `create_pg` (the same ranks take part; with
+        ``"local"``, the members of the caller's group over all the batch's dims
+        together), with the same keyword arguments, applied to every family.
+        The families are created in one canonical order (fewest dims first, as
+        ``layout.all_families()``) whatever order they are listed in, so ranks
+        that list them differently still agree. Everything is checked before
+        anything is created. On a view, families over shared dims only are taken
+        from (or created in one more round on) the grid it folds.
+
+        Args:
+            dims_list: the families, each as `create_pg` takes dims.
+            strategy: overrides the grid's for these families.
+            **kwargs: ``timeout``, ``pg_options``, ``group_desc``, ``backend``, as for `create_pg`.
+
+        Returns:
+            Canonical key -> the group holding the calling rank (``None`` outside the grid), in canonical order.
+
+        Raises:
+            DimsError: ``dims_list`` is empty or not a list, an entry names an
+                unknown or repeated dim, or two entries name the same family.
+            GroupExistsError: (a ``KeyError``) a family was already created.
+            DesyncError: (guard on) the participating ranks asked for different things.
+            GuardTimeoutError: (guard on) some participating ranks did not arrive in time.
+            (and every other error of `create_pg`)
+
+        Examples:
+            >>> import torch.distributed as dist
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1, 1], ["tp", "dp"])
+            >>> groups = grid.create_pgs([["tp", "dp"], "tp", "dp"])
+            >>> list(groups), groups["dp-tp"] is grid.get_pg("tp-dp")
+            (['tp', 'dp', 'dp-tp'], True)
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        return self._create_families(self._batch(dims_list), strategy, kwargs, "create_pgs")
+
+    def _batch(self, dims_list: object) -> dict[str, Dims]:
+        """Canonical key -> dims as given, in canonical family order; refuses empty lists and repeats."""
+        if isinstance(dims_list, (str, bytes)) or not isinstance(dims_list, (list, tuple)):
+            raise DimsError(
+                f"create_pgs takes a list of dims (each a dim name, a key like 'dp-tp' or a list of names), "
+                f"got {dims_list!r}"
             )
-        if self._parent is not None and set(self.layout.canonical_dims(key)) <= set(self.shared_dims):
-            # A family over shared dims only is the grid's own group object.
-            group = self._parent.pg(list(self.layout.canonical_dims(key)), strategy=strategy, **kwargs)
-            self._groups[key] = group
-            self._borrowed.add(key)
-            return group
-        self._require_initialized("create_pg")
-        world = dist.get_world_size()
-        self._check_fits(world)
-        if chosen == "split":
-            check_can_split(options["backend"])
-        # Only members-only creation needs the caller's own group: skip that O(group) work otherwise.
-        rank = dist.get_rank()
-        local = chosen == "local" and self.layout.contains(rank)
-        my_ranks = self.layout.group_ranks(key, rank) if local else None
+        if not dims_list:
+            raise DimsError("create_pgs needs at least one family, got an empty list")
+        families: dict[str, Dims] = {}
+        for dims in dims_list:
+            key = self.layout.key(dims)
+            if key in families:
+                raise DimsError(
+                    f"create_pgs got {families[key]!r} and {dims!r}, which name the same family {key!r}; "
+                    "list each family once"
+                )
+            families[key] = dims
+
+        def position(key: str) -> tuple[int, int]:
+            mask = sum(1 << index for index in self.layout.dim_indices(key))
+            return bin(mask).count("1"), mask
+
+        return {key: families[key] for key in sorted(families, key=position)}
+
+    def _create_families(
+        self, families: dict[str, Dims], strategy: str | None, kwargs: dict[str, Any], call: str
+    ) -> dict[str, dist.ProcessGroup | None]:
+        """The steps of create_pg and create_pgs: check everything, one guard round, create in order."""
+        options = self._creation_options(kwargs, call)
+        chosen = self.strategy if strategy is None else check_strategy(strategy)
+        for key, dims in families.items():
+            if key in self._groups:
+                raise GroupExistsError(
+                    f"the process group for dims {dims!r} (key {key!r}) was already created on this grid; "
+                    "use get_pg to fetch it, or destroy() the grid's groups first"
+                )
+        shared = set(self.shared_dims)
+        borrowed = [key for key in families if self._parent is not None and set(key.split(KEY_SEPARATOR)) <= shared]
+        own = [key for key in families if key not in borrowed]
+        if own:
+            self._require_initialized(call)
+            world = dist.get_world_size()
+            self._check_fits(world)
+            if chosen == "split":
+                check_can_split(options["backend"])
+            rank = dist.get_rank()
+            local = chosen == "local" and self.layout.contains(rank)
+            self._guard_round(own, chosen, options, rank if local else None, world)
+            for key in own:
+                # Only members-only creation needs the caller's own group: skip that O(group) work otherwise.
+                my_ranks = self.layout.group_ranks(key, rank) if local else None
+                rank_enum = None if chosen == "local" else self.layout.rank_enum(key)
+                self._groups[key] = create_family(chosen, rank_enum, my_ranks, options)
+        if borrowed:
+            self._borrow(borrowed, strategy, kwargs)
+        return {key: self._groups[key] for key in families}
+
+    def _guard_round(
+        self, keys: list[str], strategy: str, options: dict[str, Any], member: int | None, world: int
+    ) -> None:
+        """Count the creation, and (guard on) agree on it with the ranks that take part.
+
+        ``member``: for ``"local"``, the calling rank when it is in the grid (the
+        participants are its group over all of ``keys``' dims); ``None`` otherwise.
+        """
         sequence = self._creations
         self._creations += 1
-        if self.guard:
-            if chosen == "local":
-                participants, scope = my_ranks or [], members_scope(my_ranks) if my_ranks else ""
-            else:
-                participants, scope = list(range(world)), world_scope()
-            request = CreationRequest(
-                grid=self._describe(),
-                key=key,
-                strategy=chosen,
-                grid_sequence=sequence,
-                held_groups=held_group_count() if chosen == "local" else None,
-            )
-            agree(request, participants, scope, self.guard_timeout_s)
-        rank_enum = None if chosen == "local" else self.layout.rank_enum(key)
-        group = create_family(chosen, rank_enum, my_ranks, options)
-        self._groups[key] = group
-        return group
+        if not self.guard:
+            return
+        if strategy == "local":
+            if member is None:
+                return  # outside the grid: this rank creates nothing and takes part in nothing
+            dims = {name for key in keys for name in key.split(KEY_SEPARATOR)}
+            participants: Sequence[int] = self.layout.group_ranks(list(dims), member)
+            scope = members_scope(participants)
+        else:
+            participants, scope = range(world), world_scope()
+        described = [(name, str(options[name])) for name in ("backend", "group_desc") if options.get(name) is not None]
+        if options.get("timeout") is not None:
+            described.append(("timeout", f"{options['timeout'].total_seconds():g}s"))
+        if options.get("pg_options") is not None:
+            described.append(("pg_options", type(options["pg_options"]).__name__))
+        described.append(("guard_timeout_s", f"{self.guard_timeout_s:g}"))
+        request = CreationRequest(
+            grid=self._describe(),
+            keys=tuple(keys),
+            strategy=strategy,
+            grid_sequence=sequence,
+            held_groups=held_group_count() if strategy == "local" else None,
+            options=tuple(described),
+        )
+        agree(request, participants, scope, self.guard_timeout_s, self.guard_progress_s, self._guard_ledger)
+
+    def _borrow(self, keys: list[str], strategy: str | None, kwargs: dict[str, Any]) -> None:
+        """A view's families over shared dims only are its grid's own group objects (created there if new)."""
+        assert self._parent is not None
+        parent = self._parent
+        theirs = {key: parent.layout.key(list(self.layout.canonical_dims(key))) for key in keys}
+        missing = [key for key in theirs.values() if key not in parent._groups]
+        if missing:
+            parent.create_pgs(missing, strategy=strategy, **kwargs)
+        for key, parent_key in theirs.items():
+            self._groups[key] = parent._groups[parent_key]
+            self._borrowed.add(key)
 
     def pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None:
         """The caller's group over ``dims``, created on first use.
@@ -346,10 +465,15 @@ class HyperCommGrid:
         return self.create_pg(key, **kwargs)
 
     def _describe(self) -> str:
-        return (
-            f"grid shape={self.shape} dim_names={self.dim_names} rank_offset={self.rank_offset} "
-            f"backend={self.backend!r}"
+        """The grid in a few characters: ``tp2``, ``dp4`` joined by U+00D7 (``name=size`` after a final digit)."""
+        sizes = (
+            f"{name}={size}" if name[-1].isdigit() else f"{name}{size}"
+            for name, size in zip(self.dim_names, self.shape)
         )
+        text = _TIMES.join(sizes)
+        if self.rank_offset:
+            text += f" from rank {self.rank_offset}"
+        return text if self.backend is None else f"{text} ({self.backend})"
 
     def get_pg(self, dims: Dims) -> dist.ProcessGroup | None:
         """The caller's group of an already created family (a local lookup).
@@ -399,6 +523,7 @@ class HyperCommGrid:
         ``destroy_process_group()`` of the default group) are skipped.
         Idempotent; the grid can create its families again afterwards.
         """
+        self._guard_ledger.release()
         unique = {
             id(group): group for key, group in self._groups.items() if group is not None and key not in self._borrowed
         }
