@@ -12,20 +12,21 @@ Keys of one round, under its prefix ``P``:
 - ``P/roster``: one line per participant (``rank digest``), the first line of
   each digest followed by the request itself: diagnosis needs no other key;
 - ``P/arrived``: one counter in three fields: arrivals and completions (low
-  30 bits), the decider's verdict (bit 30 "all agree", bit 31 "they disagree")
-  and, from bit 32 up, how many participants gave up waiting;
+  30 bits), "one request was counted N times" (bit 30) and, from bit 31 up,
+  how many participants gave up waiting;
 - ``P/verdict``: ``ok``, or the failure as JSON.
 
 A participant adds 1 to the count of its request's digest, appends its roster
-line and adds 1 to ``P/arrived``. The one whose add makes the arrivals N (the
-*decider*) reads the count of its digest: N means all agree. It records its
-verdict in ``P/arrived``, writes ``P/verdict`` and deletes the count and the
-roster. The others wait for ``P/verdict`` and add 1 to ``P/arrived`` again:
-the value tells them the verdict (only a failure is read from ``P/verdict``),
-and the last of them deletes ``P/arrived`` and ``P/verdict``. A participant
-whose timeout passes adds one timeout to ``P/arrived``: the first such add
-before any verdict wins; it reads the roster, names the missing ranks and
-writes that verdict. Whoever adds first, decider or timeout, decides for all.
+line and adds 1 to ``P/arrived`` (plus bit 30 if its count came back N: then
+every participant sent its request). The one whose add makes the arrivals N,
+the *decider*, sees in the value whether all agree (bit 30 set) and writes
+``P/verdict``, then deletes the counts and the roster. The others wait for
+``P/verdict`` and add 1 to ``P/arrived`` again: the value tells them that all
+agree (a failure is read from ``P/verdict``), and the last of them deletes
+``P/arrived`` and ``P/verdict``. A participant whose timeout passes adds one
+timeout to ``P/arrived``: if it is the first and not everyone has arrived, it
+reads the roster, names the missing ranks and writes that verdict; whichever
+comes first, the decider's arrival or that timeout, decides for everyone.
 """
 
 from __future__ import annotations
@@ -44,9 +45,8 @@ __all__ = ["LOGGER", "Round", "round_keys"]
 LOGGER = logging.getLogger("hypergrid")
 
 _FIELD = 1 << 30  # P/arrived: arrivals and completions count below this (rounds of up to 2**29 ranks)
-_OK = _FIELD  # the decider found that all agree
-_MISMATCH = _FIELD << 1  # the decider found that they disagree
-_TIMEOUT = _FIELD << 2  # one participant gave up waiting
+_AGREE = _FIELD  # one request's count reached the number of participants: all agree
+_TIMEOUT = _FIELD << 1  # one participant gave up waiting
 
 #: compare_set's expected value in a read that must never write (no key of the guard holds it).
 _ABSENT = "\x00absent\x00"
@@ -57,9 +57,9 @@ def round_keys(prefix: str) -> list[str]:
     return [f"{prefix}/arrived", f"{prefix}/roster", f"{prefix}/verdict"]
 
 
-def _fields(value: int) -> tuple[int, bool, bool, int]:
-    """``P/arrived`` split: (arrivals and completions, all agree, they disagree, timeouts)."""
-    return value % _FIELD, bool(value & _OK), bool(value & _MISMATCH), value // _TIMEOUT
+def _fields(value: int) -> tuple[int, bool, int]:
+    """``P/arrived`` split: (arrivals and completions, all agree, timeouts)."""
+    return value % _FIELD, bool(value & _AGREE), value // _TIMEOUT
 
 
 class Round:
@@ -106,6 +106,7 @@ class Round:
         self._roster_key = f"{prefix}/roster"
         self._verdict_key = f"{prefix}/verdict"
         self._started = 0.0
+        self._arrival = 0  # what P/arrived said when this participant arrived
 
     def run(self) -> Verdict:
         """The whole round for this participant."""
@@ -117,22 +118,23 @@ class Round:
         """Count this participant's request and arrival; True on the last to arrive (the decider)."""
         self._started = time.monotonic()
         line = f"{self.rank} {self.request.digest}"
-        if self.store.add(self._count_key, 1) == 1:
+        counted = self.store.add(self._count_key, 1)
+        if counted == 1:
             line += f" {self.request.encoded}"  # the first with this digest records the request
         self.store.append(self._roster_key, line + "\n")
-        arrived, *_ = _fields(self.store.add(self._arrived_key, 1))
-        return arrived == self.size
+        self._arrival = self.store.add(self._arrived_key, 1 + (_AGREE if counted == self.size else 0))
+        return _fields(self._arrival)[0] == self.size
 
     def decide(self) -> Verdict:
-        """On the last to arrive: compare, publish the verdict, delete what no one reads any more."""
-        agree = self.store.add(self._count_key, 0) == self.size  # every arrival has been counted by now
-        if agree:
+        """On the last to arrive: publish the verdict, delete what no one reads any more."""
+        _, agree, timeouts = _fields(self._arrival)
+        if timeouts:
+            return self._follow(decider=True)  # a participant gave up first: its timeout verdict stands
+        if agree:  # every count was added before this arrival: a count of N means all agree
             verdict, digests = Verdict("ok"), [self.request.digest]
         else:
             roster, requests = self._roster()
             verdict, digests = mismatch_verdict(self.size, roster, requests), sorted(set(roster.values()))
-        if _fields(self.store.add(self._arrived_key, _OK if agree else _MISMATCH))[3]:
-            return self._follow(decider=True)  # a participant gave up first: its timeout verdict stands
         verdict = self._publish(verdict)
         if verdict.kind == "timeout":
             self.store.delete_key(self._count_key)
@@ -155,8 +157,8 @@ class Round:
 
     def _conclude(self) -> Verdict:
         """The verdict exists: count this participant done (the count tells an agreement); the last cleans up."""
-        done, ok, _, timeouts = _fields(self.store.add(self._arrived_key, 1))
-        verdict = Verdict("ok") if ok and not timeouts else self._read()
+        done, agree, timeouts = _fields(self.store.add(self._arrived_key, 1))
+        verdict = Verdict("ok") if agree and not timeouts else self._read()
         if verdict.kind == "timeout":
             self.store.delete_key(self._count_key)
         elif done == 2 * self.size - 1:  # the last to read: nobody needs the round's keys any more
@@ -196,9 +198,9 @@ class Round:
         LOGGER.warning("%s (timeout %g s)", text, self.timeout_s)
 
     def _give_up(self) -> Verdict:
-        """This participant's timeout passed without a verdict: declare the timeout, unless a verdict was first."""
-        _, ok, mismatch, timeouts = _fields(self.store.add(self._arrived_key, _TIMEOUT))
-        if ok or mismatch or timeouts > 1:
+        """This participant's timeout passed without a verdict: declare the timeout, unless a decision was first."""
+        arrived, _, timeouts = _fields(self.store.add(self._arrived_key, _TIMEOUT))
+        if arrived >= self.size or timeouts > 1:  # the decider arrived, or another participant gave up, first
             return self._follow(decider=False)
         verdict = self._publish(self._timeout_verdict())
         if verdict.kind == "timeout":

@@ -11,10 +11,10 @@ One guard round runs before each ``create_pg`` and each ``create_pgs`` (one
 round for the whole batch), through the default group's store
 (``torch.distributed.distributed_c10d._get_default_store()``, looked up at each
 call) under plain key prefixes ``hypergrid/guard/<scope>/<round>``. The
-protocol is `hypergrid.agreement.Round`: every participant makes at most 8
-store operations per round, whatever the number of participants; the
-round's keys are deleted by the participants themselves once everyone has read
-the verdict. A waiting rank logs a warning on the ``"hypergrid"`` logger every
+protocol is `hypergrid.agreement.Round`: every participant makes at most 7
+store operations per round (most make 5), whatever the number of participants;
+the round's keys are deleted by the participants themselves once everyone has
+read the verdict. A waiting rank logs a warning on the ``"hypergrid"`` logger every
 ``progress_s`` seconds (the first after ``min(progress_s, timeout_s / 4)``).
 
 Participants and *scopes*: world-collective creations (strategies
