@@ -1,7 +1,7 @@
-"""Group-creation cost against world size, per strategy (and guard on/off).
+"""Group-creation cost against world size, per strategy (and guard on/off, create_pg or create_pgs).
 
     python benchmarks/creation.py --world 4,8,16 --strategies enumerate,local [--guard on,off]
-        [--repeats 3] [--json PATH]
+        [--api create_pg,create_pgs] [--repeats 3] [--json PATH]
     python benchmarks/creation.py --fake --world 1024,16384,65536 --strategies enumerate,local [--json PATH]
 
 With gloo processes (the default): for each world size, a grid of 2 x 2 x ... over
@@ -11,7 +11,10 @@ start-up. (Repeating inside one job would measure something else: groups kept
 alive slow every later creation on a small host, and after a destroy torch
 reuses members-only group names.) Reported per strategy: the time to
 create all families on the slowest rank and the median rank (median over
-repeats), and the new_group calls and groups held per rank.
+repeats), and the new_group calls and groups held per rank. ``--api``:
+``create_pg`` creates the families one by one (one guard round each),
+``create_pgs`` all of them in one call (one guard round); ``--guard on,off``
+measures both in the same run, and the table ends with the guard's overhead.
 
 With ``--fake``: torch's fake backend in one process, a ``[8, 8, 16, world/1024]``
 grid, all 15 families created on a sample of ranks, one group per family
@@ -87,21 +90,25 @@ def counting_new_group() -> Iterator[list[int]]:
         c10d._new_group_with_tag = real
 
 
-def create_all(grid: HyperCommGrid) -> tuple[float, int, int]:
-    """Create every family of ``grid``: (seconds, new_group calls, groups held)."""
+def create_all(grid: HyperCommGrid, api: str = "create_pg") -> tuple[float, int, int]:
+    """Create every family of ``grid`` one by one or in one create_pgs: (seconds, new_group calls, groups held)."""
+    families = grid.layout.all_families()
     with counting_new_group() as calls:
         start = time.perf_counter()
-        held = sum(grid.create_pg(family) is not None for family in grid.layout.all_families())
+        if api == "create_pgs":
+            held = sum(group is not None for group in grid.create_pgs(families).values())
+        else:
+            held = sum(grid.create_pg(family) is not None for family in families)
         seconds = time.perf_counter() - start
     return seconds, len(calls), held
 
 
-def gloo_rank(world: int, strategy: str, guard: bool) -> dict[str, Any]:
+def gloo_rank(world: int, strategy: str, guard: bool, api: str = "create_pg") -> dict[str, Any]:
     """On every rank of a fresh world: create every family once; every rank's time, calls and groups."""
     shape = grid_shape(world)
     grid = HyperCommGrid(shape, NAMES[: len(shape)], strategy=strategy, guard=guard)
     dist.barrier()
-    seconds, calls, held = create_all(grid)
+    seconds, calls, held = create_all(grid, api)
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, seconds)
     grid.destroy()
@@ -109,31 +116,38 @@ def gloo_rank(world: int, strategy: str, guard: bool) -> dict[str, Any]:
 
 
 def gloo_rows(
-    world: int, strategies: list[str], guards: list[bool], repeats: int, timeout_s: float
+    world: int, strategies: list[str], guards: list[bool], repeats: int, timeout_s: float, apis: list[str]
 ) -> list[dict[str, Any]]:
-    """Each sample is the first creation in a fresh job (fresh processes), as at a job's start."""
+    """Each sample is the first creation in a fresh job (fresh processes), as at a job's start.
+
+    The variants take turns repeat by repeat, so that a slow spell of the host
+    spreads over all of them rather than hitting one.
+    """
     shape = grid_shape(world)
+    variants = [(api, guard, strategy) for api in apis for guard in guards for strategy in strategies]
+    samples: dict[tuple[str, bool, str], list[dict[str, Any]]] = {variant: [] for variant in variants}
+    for _ in range(repeats):
+        for api, guard, strategy in variants:
+            sample = spawn(gloo_rank, world, (world, strategy, guard, api), timeout_s=timeout_s)[0]
+            samples[api, guard, strategy].append(sample)
     rows = []
-    for guard in guards:
-        for strategy in strategies:
-            samples = [
-                spawn(gloo_rank, world, (world, strategy, guard), timeout_s=timeout_s)[0] for _ in range(repeats)
-            ]
-            rows.append(
-                {
-                    "mode": "gloo",
-                    "world": world,
-                    "shape": shape,
-                    "strategy": strategy,
-                    "guard": guard,
-                    "families": 2 ** len(shape) - 1,
-                    "time_s_max": median([max(sample["times"]) for sample in samples]),
-                    "time_s_median": median([median(sample["times"]) for sample in samples]),
-                    "new_group_calls_per_rank": samples[0]["calls"],
-                    "groups_per_rank": samples[0]["held"],
-                    "repeats": repeats,
-                }
-            )
+    for (api, guard, strategy), done in samples.items():
+        rows.append(
+            {
+                "mode": "gloo",
+                "world": world,
+                "shape": shape,
+                "strategy": strategy,
+                "api": api,
+                "guard": guard,
+                "families": 2 ** len(shape) - 1,
+                "time_s_max": median([max(sample["times"]) for sample in done]),
+                "time_s_median": median([median(sample["times"]) for sample in done]),
+                "new_group_calls_per_rank": done[0]["calls"],
+                "groups_per_rank": done[0]["held"],
+                "repeats": repeats,
+            }
+        )
     return rows
 
 
@@ -161,6 +175,7 @@ def fake_rows(world: int, strategies: list[str], samples: int) -> list[dict[str,
                 "world": world,
                 "shape": shape,
                 "strategy": strategy,
+                "api": "create_pg",
                 "guard": False,
                 "families": families,
                 "time_s_max": max(times),
@@ -253,26 +268,39 @@ def print_sharing_table(rows: list[dict[str, Any]]) -> None:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(
-        f"{'mode':<5} {'world':>6} {'shape':<16} {'strategy':<10} {'guard':<5} {'families':>8} "
+        f"{'mode':<5} {'world':>6} {'shape':<16} {'strategy':<10} {'api':<10} {'guard':<5} {'families':>8} "
         f"{'max rank(s)':>11} {'median(s)':>9} {'new_group/rank':>14}"
     )
     for row in rows:
         print(
-            f"{row['mode']:<5} {row['world']:>6} {row['shape']!s:<16} {row['strategy']:<10} "
+            f"{row['mode']:<5} {row['world']:>6} {row['shape']!s:<16} {row['strategy']:<10} {row['api']:<10} "
             f"{'on' if row['guard'] else 'off':<5} {row['families']:>8} {row['time_s_max']:>11.4f} "
             f"{row['time_s_median']:>9.4f} {row['new_group_calls_per_rank']:>14}"
         )
-    by_world: dict[tuple[str, int, bool], dict[str, float]] = {}
+    by_world: dict[tuple[str, int, str, bool], dict[str, float]] = {}
+    by_guard: dict[tuple[int, str, str], dict[bool, float]] = {}
     for row in rows:
-        by_world.setdefault((row["mode"], row["world"], row["guard"]), {})[row["strategy"]] = row["time_s_max"]
+        by_world.setdefault((row["mode"], row["world"], row["api"], row["guard"]), {})[row["strategy"]] = row[
+            "time_s_max"
+        ]
+        by_guard.setdefault((row["world"], row["strategy"], row["api"]), {})[row["guard"]] = row["time_s_max"]
     lines = [
-        f"{mode} world {world} guard {'on' if guard else 'off'}: enumerate / local = {t['enumerate'] / t['local']:.2f}"
-        for (mode, world, guard), t in by_world.items()
+        f"{mode} world {world} {api} guard {'on' if guard else 'off'}: enumerate / local = "
+        f"{t['enumerate'] / t['local']:.2f}"
+        for (mode, world, api, guard), t in by_world.items()
         if "enumerate" in t and "local" in t
     ]
     if lines:
         print("\n# slowest-rank time ratio, enumerate over local")
         print("\n".join(lines))
+    overheads = [
+        f"world {world} {strategy} {api}: guard on / off = {t[True] / t[False]:.2f}"
+        for (world, strategy, api), t in by_guard.items()
+        if True in t and False in t
+    ]
+    if overheads:
+        print("\n# slowest-rank time ratio, guard on over guard off")
+        print("\n".join(overheads))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world", default="4,8,16", help="comma-separated world sizes (default 4,8,16)")
     parser.add_argument("--strategies", default="enumerate,local", help="comma-separated (default enumerate,local)")
     parser.add_argument("--guard", default="on", help="on, off or on,off (gloo mode; default on)")
+    parser.add_argument(
+        "--api", default="create_pg,create_pgs", help="create_pg (one family per call), create_pgs (one call) or both"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="fresh jobs per variant in gloo mode (default 3)")
     parser.add_argument("--fake", action="store_true", help="torch's fake backend, one process")
     parser.add_argument("--samples", type=int, default=4, help="ranks sampled in fake mode (default 4)")
@@ -291,13 +322,14 @@ def main(argv: list[str] | None = None) -> int:
         worlds = [int(w) for w in args.world.split(",")]
         strategies = [s.strip() for s in args.strategies.split(",")]
         guards = [{"on": True, "off": False}[g.strip()] for g in args.guard.split(",")]
+        apis = [{"create_pg": "create_pg", "create_pgs": "create_pgs"}[a.strip()] for a in args.api.split(",")]
         for world in worlds:
             if args.sharing:
                 sharing_shape(world, args.fake)
             else:
                 (fake_shape if args.fake else grid_shape)(world)
     except (ValueError, KeyError) as error:
-        parser.error(f"bad --world, --strategies or --guard: {error}")
+        parser.error(f"bad --world, --strategies, --guard or --api: {error}")
     if bad := [s for s in strategies if s not in ("enumerate", "local")]:
         parser.error(f"--strategies: {bad} not measurable here; choose from enumerate, local")
     rows: list[dict[str, Any]] = []
@@ -308,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.fake:
             rows += fake_rows(world, strategies, args.samples)
         else:
-            rows += gloo_rows(world, strategies, guards, args.repeats, args.timeout)
+            rows += gloo_rows(world, strategies, guards, args.repeats, args.timeout, apis)
     (print_sharing_table if args.sharing else print_table)(rows)
     if args.json:
         write_json(args.json, rows)

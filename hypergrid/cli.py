@@ -31,7 +31,7 @@ def _parse_list(text: str, what: str) -> list[str]:
 
 
 def parse_grid_arguments(shape_text: str, dims_text: str, offset: int = 0) -> GridLayout:
-    """``"2,2,2"``, ``"tp,cp,dp"`` -> a validated :class:`GridLayout`.
+    """``"2,2,2"``, ``"tp,cp,dp"`` -> a validated ``GridLayout``.
 
     Raises:
         HyperGridError: a bad list, a size that is not an int, or a bad grid.

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from hypergrid.batch import GuardedCreation
 from hypergrid.collectives import Collectives
 from hypergrid.communicators import Communicators, GroupPool
 from hypergrid.creation import check_can_split, check_strategy, create_family
@@ -26,13 +27,13 @@ from hypergrid.errors import (
     WorldSizeError,
 )
 from hypergrid.getters import CoordinateGetters
-from hypergrid.guard import CreationRequest, agree, members_scope, world_scope
+from hypergrid.guard import GuardLedger
 from hypergrid.layout import Dims, GridLayout, resolve_shape
 from hypergrid.mesh import MeshExport
 from hypergrid.nodes import NodeAwareness
 from hypergrid.options import check_group_options, check_tag, describe_options, family_options, normalize_backend
 from hypergrid.pipeline import Pipeline
-from hypergrid.registry import PgKey, create_uninitialized, for_view, guard_key, member_or_none, tagged
+from hypergrid.registry import PgKey, create_uninitialized, for_view, member_or_none, tagged
 from hypergrid.shims import MegatronShims
 from hypergrid.values import check_timeout
 from hypergrid.views import BASE_VIEW, RankView, Views
@@ -69,7 +70,15 @@ def world_size_hint() -> int | None:
 
 
 class HyperCommGrid(
-    CoordinateGetters, NodeAwareness, Views, MeshExport, Collectives, Pipeline, MegatronShims, Communicators
+    GuardedCreation,
+    CoordinateGetters,
+    NodeAwareness,
+    Views,
+    MeshExport,
+    Collectives,
+    Pipeline,
+    MegatronShims,
+    Communicators,
 ):
     """An N-dimensional grid of ranks with named dims and lazily created process groups.
 
@@ -99,6 +108,11 @@ class HyperCommGrid(
             ``hypergrid.guard``); a mismatch or a missing rank raises on all
             of them instead of hanging. On by default.
         guard_timeout_s: how long the guard waits for the other ranks.
+        guard_progress_s: while the guard waits, a warning on the ``"hypergrid"``
+            logger every this many seconds (the first after
+            ``min(guard_progress_s, guard_timeout_s / 4)``) names how many ranks
+            arrived; silence it with
+            ``logging.getLogger("hypergrid").setLevel(logging.ERROR)``.
         share_groups: families (of this grid and its views) whose groups have
             the same members, backend, options and tag share one process group
             object (see ``communicators()``); ``False`` creates one group per
@@ -112,8 +126,8 @@ class HyperCommGrid(
         GridTooLargeError: (a ``WorldSizeError`` and a ``RuntimeError``, as Megatron
             raises) ``rank_offset + size`` exceeds the known world size.
         BackendError: ``backend`` is not None or a backend name.
-        InvalidArgumentError: unknown ``strategy``, a bad ``guard_timeout_s`` or
-            ``share_groups``, or a bad value in ``group_options``.
+        InvalidArgumentError: unknown ``strategy``, a bad ``guard_timeout_s``,
+            ``guard_progress_s`` or ``share_groups``, or a bad value in ``group_options``.
         UnexpectedArgumentError: an unknown name in ``group_options``.
 
     Examples:
@@ -136,6 +150,7 @@ class HyperCommGrid(
         strategy: str = "enumerate",
         guard: bool = True,
         guard_timeout_s: float = 300.0,
+        guard_progress_s: float = 30.0,
         share_groups: bool = True,
         group_options: Mapping[str, Any] | None = None,
     ) -> None:
@@ -147,6 +162,7 @@ class HyperCommGrid(
             raise InvalidArgumentError(f"guard must be True or False, got {guard!r}")
         self.guard = guard
         self.guard_timeout_s = check_timeout(guard_timeout_s, "guard_timeout_s")
+        self.guard_progress_s = check_timeout(guard_progress_s, "guard_progress_s")
         if not isinstance(share_groups, bool):
             raise InvalidArgumentError(f"share_groups must be True or False, got {share_groups!r}")
         self.share_groups = share_groups
@@ -163,6 +179,8 @@ class HyperCommGrid(
         self._pool = GroupPool()
         # Creations asked of this grid so far (never reset): part of what the guard compares.
         self._creations = 0
+        # The guard rounds of this grid whose keys may still be in the store; destroy() deletes them.
+        self._guard_ledger = GuardLedger()
 
     @property
     def _pgs(self) -> dict[PgKey, Any]:
@@ -301,24 +319,92 @@ class HyperCommGrid(
             >>> grid.destroy()
             >>> dist.destroy_process_group()
         """
+        return self._create_families([dims], view, strategy, tag, kwargs, "create_pg")[0]
+
+    def create_pgs(
+        self,
+        dims_list: Sequence[Dims],
+        *,
+        view: str | None = None,
+        strategy: str | None = None,
+        tag: str | None = None,
+        **kwargs: Any,
+    ) -> dict[PgKey, dist.ProcessGroup | None]:
+        """Create many families in one step, behind ONE guard round; return the caller's group of each.
+
+        Collective like ``create_pg`` (the same ranks take part; with
+        ``"local"``, the members of the caller's group over all the batch's dims
+        together), with the same keyword arguments, applied to every family.
+        The families are created in one canonical order (fewest dims first, as
+        ``layout.all_families()``) whatever order they are listed in, so ranks
+        that list them differently still agree. Everything is checked before
+        anything is created.
+
+        Args:
+            dims_list: the families, each as ``create_pg`` takes dims.
+            view: a registered view's name (default: this grid's).
+            strategy: overrides the grid's for these families.
+            tag: as for ``create_pg``, applied to every family.
+            **kwargs: ``timeout``, ``pg_options``, ``group_desc``, ``backend``, as for ``create_pg``.
+
+        Returns:
+            Canonical key (``key@tag`` when tagged) -> the group holding the
+            calling rank (``None`` outside the grid), in canonical order.
+
+        Raises:
+            DimsError: ``dims_list`` is empty or not a list, an entry names an
+                unknown or repeated dim, or two entries name the same family.
+            GroupExistsError: (a ``KeyError``) a family was already created.
+            DesyncError: (guard on) the participating ranks asked for different things.
+            GuardTimeoutError: (guard on) some participating ranks did not arrive in time.
+            (and every other error of ``create_pg``)
+
+        Examples:
+            >>> import torch.distributed as dist
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1, 1], ["tp", "dp"])
+            >>> groups = grid.create_pgs([["tp", "dp"], "tp", "dp"])
+            >>> list(groups), groups["dp-tp"] is grid.get_pg("tp-dp")
+            (['tp', 'dp', 'dp-tp'], True)
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        ordered = self._batch(dims_list, view)
+        groups = self._create_families(ordered, view, strategy, tag, kwargs, "create_pgs")
+        layout = self._family(ordered[0], view)[2].layout
+        return {tagged(layout.key(dims), check_tag(tag)): group for dims, group in zip(ordered, groups)}
+
+    def _create_families(
+        self,
+        dims_list: Sequence[Dims],
+        view: str | None,
+        strategy: str | None,
+        tag: str | None,
+        kwargs: dict[str, Any],
+        call: str,
+    ) -> list[dist.ProcessGroup | None]:
+        """The steps of create_pg and create_pgs: check everything, one guard round, create in order."""
         if self._root is not self:  # a grid from view(): the root creates (one owner, one guard sequence)
-            return self._root.create_pg(dims, view=view or self._view_name, strategy=strategy, tag=tag, **kwargs)
-        family, layout, spec = self._family(dims, view)
-        ordered = spec.layout.canonical_dims(dims)
+            return self._root._create_families(dims_list, view or self._view_name, strategy, tag, kwargs, call)
         tag = check_tag(tag)
-        key = tagged(family, tag)
         backend, options = family_options(kwargs, self.group_options, self.backend, tag)
         chosen = self.strategy if strategy is None else check_strategy(strategy)
-        if key in self._pgs:
-            what = "" if tag is None else f" with tag {tag!r}"
-            raise GroupExistsError(
-                f"Process group {dims!r}{for_view(key)}{what} has already been created on this grid (key {key!r}); "
-                "use get_pg to fetch it, or destroy() the grid's groups first"
-            )
+        plans = []
+        for dims in dims_list:
+            family, layout, spec = self._family(dims, view)
+            key = tagged(family, tag)
+            if key in self._pgs:
+                what = "" if tag is None else f" with tag {tag!r}"
+                raise GroupExistsError(
+                    f"Process group {dims!r}{for_view(key)}{what} has already been created on this grid "
+                    f"(key {key!r}); use get_pg to fetch it, or destroy() the grid's groups first"
+                )
+            plans.append((key, layout, spec.layout.canonical_dims(dims)))
         if not (dist.is_available() and dist.is_initialized()):
-            group = create_uninitialized(chosen, layout.rank_enum(ordered), {**options, "backend": backend})
-            self._pgs[key] = group
-            return member_or_none(group)
+            for key, layout, ordered in plans:
+                self._pgs[key] = create_uninitialized(
+                    chosen, layout.rank_enum(ordered), {**options, "backend": backend}
+                )
+            return [member_or_none(self._pgs[key]) for key, _, _ in plans]
         world = dist.get_world_size()
         self._check_fits(world)
         if chosen == "split":
@@ -326,32 +412,23 @@ class HyperCommGrid(
         # Only members-only creation needs the caller's own group: skip that O(group) work otherwise.
         rank = dist.get_rank()
         local = chosen == "local" and self.layout.contains(rank)
-        my_ranks = layout.group_ranks(ordered, rank) if local else None
-        sharing, shared = self._shared(layout, ordered, key, backend, options, tag)
-        sequence = self._creations
-        self._creations += 1
-        if self.guard:
-            if chosen == "local":
-                participants, scope = my_ranks or [], members_scope(my_ranks) if my_ranks else ""
-            else:
-                participants, scope = list(range(world)), world_scope()
-            request = CreationRequest(
-                grid=self._describe(),
-                key=guard_key(key),
-                strategy=chosen,
-                grid_sequence=sequence,
-                held_groups=held_group_count() if chosen == "local" and shared is None else None,
-                options=f"backend={backend!r} {describe_options(options)}",
-            )
-            agree(request, participants, scope, self.guard_timeout_s)
+        new = any(
+            self._shared(layout, ordered, key, backend, options, tag)[1] is None for key, layout, ordered in plans
+        )
+        described = (("backend", repr(backend)), ("options", describe_options(options)))
+        self._guard_round(
+            plans, chosen, described, held_group_count() if local and new else None, rank if local else None
+        )
+        for key, layout, ordered in plans:
+            my_ranks = layout.group_ranks(ordered, rank) if local else None
+            sharing, shared = self._shared(layout, ordered, key, backend, options, tag)
 
-        def create() -> Any:
-            rank_enum = None if chosen == "local" else layout.rank_enum(ordered)
-            return create_family(chosen, rank_enum, my_ranks, {**options, "backend": backend})
+            def create(layout: GridLayout = layout, ordered: Sequence[str] = ordered, mine: Any = my_ranks) -> Any:
+                rank_enum = None if chosen == "local" else layout.rank_enum(ordered)
+                return create_family(chosen, rank_enum, mine, {**options, "backend": backend})
 
-        group = self._keep(sharing, shared, key, create, backend, tag, options)
-        self._pgs[key] = group
-        return member_or_none(group)
+            self._pgs[key] = self._keep(sharing, shared, key, create, backend, tag, options)
+        return [member_or_none(self._pgs[key]) for key, _, _ in plans]
 
     def pg(
         self, dims: Dims, *, view: str | None = None, tag: str | None = None, **kwargs: Any
@@ -380,12 +457,6 @@ class HyperCommGrid(
         if key in self._pgs:
             return member_or_none(self._pgs[key])
         return self.create_pg(dims, view=view, tag=tag, **kwargs)
-
-    def _describe(self) -> str:
-        return (
-            f"grid shape={self.shape} dim_names={self.dim_names} rank_offset={self.rank_offset} "
-            f"backend={self.backend!r}"
-        )
 
     def get_pg(self, dims: Dims, *, view: str | None = None, tag: str | None = None) -> dist.ProcessGroup | None:
         """The caller's group of an already created family (a local lookup), with ``tag`` if given.
@@ -446,6 +517,7 @@ class HyperCommGrid(
         ``destroy_process_group()`` of the default group) are skipped.
         Idempotent; the grid can create its families again afterwards.
         """
+        self._guard_ledger.release()
         mine = self._view_keys(own_only=True)
         for key in mine:
             del self._pgs[key]

@@ -1,107 +1,133 @@
-"""The consistency guard: the ranks of a collective creation agree before any waits in torch.
+"""The consistency guard: the ranks of a collective creation agree before any of them waits in torch.
 
 Group creation is collective: every participating rank must ask for the same
-family, on the same grid, with the same strategy, at the same point of its
-creation sequence. When they do not, torch waits until its timeout (or
-forever). The guard makes that a clear error instead:
+families, on the same grid, with the same strategy and options, at the same
+point of its creation sequence. When they do not, torch waits until its timeout
+(or forever). The guard makes that a clear error on every participant instead:
+a `DesyncError` naming the distinct requests and the ranks that sent each, or
+a `GuardTimeoutError` naming the ranks that did not arrive.
 
-1. each participant writes its request under a key of its own in the default
-   group's store, ``hypergrid/guard/<scope>/request/<rank>``;
-2. the first participant (the *leader*) waits for all of them, bounded by the
-   guard's timeout, compares them and writes one verdict;
-3. every participant reads the verdict and raises the same
-   :class:`~hypergrid.errors.DesyncError` (naming the ranks and what each asked
-   for) or :class:`~hypergrid.errors.GuardTimeoutError` (naming the ranks that
-   did not arrive); on agreement they all go on to create.
+One guard round runs before each ``create_pg`` and each ``create_pgs`` (one
+round for the whole batch), through the default group's store
+(``torch.distributed.distributed_c10d._get_default_store()``, looked up at each
+call) under plain key prefixes ``hypergrid/guard/<scope>/<round>``. The
+protocol is `hypergrid.agreement.Round`: every participant makes at most 7
+store operations per round (most make 5), whatever the number of participants;
+the round's keys are deleted by the participants themselves once everyone has
+read the verdict. A waiting rank logs a warning on the ``"hypergrid"`` logger every
+``progress_s`` seconds (the first after ``min(progress_s, timeout_s / 4)``).
 
-The *scope* numbers the creations: world-collective creations (strategies
-``enumerate`` and ``split``) count per world; members-only creations
-(``local``) count per set of member ranks. A rebuilt grid, or two grids over
-the same ranks, share these counters, so they cannot confuse each other.
+Participants and *scopes*: world-collective creations (strategies
+``enumerate`` and ``split``) take the whole world and count their rounds per
+world; members-only creations (``local``) take the members of the caller's
+group and count per set of member ranks. A rebuilt grid, or two grids over the
+same ranks, share these counters, so they cannot confuse each other.
 
-Cost: one store write and one read per rank; the leader reads one key per
-participant. Keys are deleted once read. The guard is skipped where there is
-nobody to disagree with: a group of one rank, and torch's ``fake`` backend
-(one process simulating one rank of a large world).
+The guard is skipped where there is nobody to disagree with: a group of one
+rank, and torch's ``fake`` backend (one process simulating one rank of a large
+world).
 """
 
 from __future__ import annotations
 
-import datetime
+import contextlib
 import hashlib
-import json
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from hypergrid.errors import DesyncError, GuardTimeoutError
-from hypergrid.values import format_ranks
+from hypergrid.agreement import Round, round_keys
+from hypergrid.request import CreationRequest
 from hypergrid.worldstate import PerWorld
 
-__all__ = ["CreationRequest", "agree", "world_scope", "members_scope"]
+__all__ = ["CreationRequest", "GuardLedger", "Scope", "agree", "members_scope", "world_scope"]
 
 _PREFIX = "hypergrid/guard"
 
+_counters = PerWorld()  # scope family -> rounds so far in this world
+_leftovers = PerWorld()  # scope family -> prefixes of its rounds that timed out (their keys are still stored)
+
 
 @dataclass(frozen=True)
-class CreationRequest:
-    """What one rank is about to create; equal on every participant, or the guard refuses."""
+class Scope:
+    """One guard round: a family of rounds that the same participants count together, and its number.
 
-    grid: str
-    key: str
-    strategy: str
-    grid_sequence: int
-    held_groups: int | None = None
-    options: str = ""  # backend and options description (tag: in the key)
+    Examples:
+        >>> Scope("world", 3).prefix
+        'hypergrid/guard/world/3'
+    """
 
-    def describe(self) -> str:
-        """The request in words, for error messages."""
-        text = f"key {self.key!r} with strategy {self.strategy!r} as creation #{self.grid_sequence} of {self.grid}"
-        if self.options:
-            text += f", options {self.options}"
-        if self.held_groups is not None:
-            text += f", holding {self.held_groups} process groups"
-        return text
+    family: str
+    number: int
 
-    def encode(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def decode(cls, data: bytes) -> CreationRequest:
-        return cls(**json.loads(data))
+    @property
+    def prefix(self) -> str:
+        """The round's key prefix in the store."""
+        return f"{_PREFIX}/{self.family}/{self.number}"
 
 
-_counters = PerWorld()  # scope name -> creations so far in this world
-
-
-def _next(name: str) -> int:
+def _next(family: str) -> Scope:
     counts = _counters.get()
-    value: int = counts.get(name, 0)
-    counts[name] = value + 1
-    return value
+    number: int = counts.get(family, 0)
+    counts[family] = number + 1
+    return Scope(family, number)
 
 
-def world_scope() -> str:
+def world_scope() -> Scope:
     """The scope of the next world-collective creation (every rank of the world takes part)."""
-    return f"world/{_next('world')}"
+    return _next("world")
 
 
-def members_scope(ranks: list[int]) -> str:
+def members_scope(ranks: Sequence[int]) -> Scope:
     """The scope of the next members-only creation over exactly ``ranks``."""
     digest = hashlib.sha1(",".join(map(str, ranks)).encode(), usedforsecurity=False).hexdigest()[:20]
-    return f"members/{digest}/{_next(digest)}"
+    return _next(f"members/{digest}")
 
 
-def agree(request: CreationRequest, participants: list[int], scope: str, timeout_s: float) -> None:
-    """Return once every participant made the same ``request``; else raise on all of them.
+class GuardLedger:
+    """The guard rounds of one grid that may have left keys in the store (those that timed out).
+
+    Rounds that end in agreement or in a mismatch delete their own keys; a round
+    that timed out keeps three until the next completed round of its scope, or
+    until `release` (called by ``HyperCommGrid.destroy``).
+    """
+
+    def __init__(self) -> None:
+        self.prefixes: list[str] = []
+
+    def release(self) -> None:
+        """Delete the keys of the recorded rounds from the default store (best effort)."""
+        prefixes, self.prefixes = self.prefixes, []
+        if not prefixes or not dist.is_initialized() or dist.get_backend() == "fake":
+            return
+        store = c10d._get_default_store()
+        for family_rounds in _leftovers.get().values():
+            family_rounds[:] = [prefix for prefix in family_rounds if prefix not in prefixes]
+        for prefix in prefixes:
+            for key in round_keys(prefix):
+                with contextlib.suppress(RuntimeError):  # the store is gone: nothing left to delete
+                    store.delete_key(key)
+
+
+def agree(
+    request: CreationRequest,
+    participants: Sequence[int],
+    scope: Scope,
+    timeout_s: float,
+    progress_s: float = 30.0,
+    ledger: GuardLedger | None = None,
+) -> None:
+    """Return once every participant made the same ``request``; else raise the same error on all of them.
 
     Args:
         request: what this rank is about to create.
         participants: every rank that takes part (sorted; the caller among them).
-        scope: from :func:`world_scope` or :func:`members_scope`, equal on all participants.
+        scope: from `world_scope` or `members_scope`, equal on all participants.
         timeout_s: how long to wait for the other participants.
+        progress_s: how often to log a progress line while waiting.
+        ledger: where to record a round that leaves keys behind (the grid's).
 
     Raises:
         DesyncError: the participants asked for different things.
@@ -112,91 +138,13 @@ def agree(request: CreationRequest, participants: list[int], scope: str, timeout
     # The default group's store: torch exposes it only through this accessor, which torch's own
     # helpers and Megatron use too.
     store = c10d._get_default_store()
-    me = dist.get_rank()
-    prefix = f"{_PREFIX}/{scope}"
-    store.set(f"{prefix}/request/{me}", request.encode())
-    if me == participants[0]:
-        verdict = _judge(store, prefix, request, participants, timeout_s)
-        store.set(f"{prefix}/verdict", json.dumps(verdict))
+    leftovers = _leftovers.get().setdefault(scope.family, [])
+    rank = dist.get_rank()
+    verdict = Round(store, scope.prefix, rank, participants, request, timeout_s, progress_s, leftovers).run()
+    if verdict.kind == "timeout":
+        leftovers.append(scope.prefix)
+        if ledger is not None:
+            ledger.prefixes.append(scope.prefix)
     else:
-        verdict = _await_verdict(store, prefix, request, participants, timeout_s)
-    if "missing" in verdict:
-        raise GuardTimeoutError(verdict["message"], missing=verdict["missing"])
-    if "requests" in verdict:
-        raise DesyncError(verdict["message"], requests=verdict["requests"])
-
-
-def _request_keys(prefix: str, participants: list[int]) -> list[str]:
-    return [f"{prefix}/request/{rank}" for rank in participants]
-
-
-def _absent(store: Any, keys: list[str], participants: list[int]) -> list[int]:
-    return [rank for rank, key in zip(participants, keys) if not store.check([key])]
-
-
-def _judge(store: Any, prefix: str, mine: CreationRequest, participants: list[int], timeout_s: float) -> dict[str, Any]:
-    keys = _request_keys(prefix, participants)
-    try:
-        store.wait(keys, datetime.timedelta(seconds=timeout_s))
-    except (dist.DistStoreError, RuntimeError):
-        missing = _absent(store, keys, participants)
-        if missing:
-            return {
-                "missing": missing,
-                "message": (
-                    f"rank(s) {format_ranks(missing)} of the {len(participants)} ranks that must create "
-                    f"{mine.describe()} did not arrive within {timeout_s:g} s: dead, hung, or creating "
-                    "something else"
-                ),
-            }
-    requests = [CreationRequest.decode(value) for value in store.multi_get(keys)]
-    for key in keys:
-        store.delete_key(key)
-    return _compare(dict(zip(participants, requests)))
-
-
-def _compare(requests: dict[int, CreationRequest]) -> dict[str, Any]:
-    by_text: dict[str, list[int]] = {}
-    for rank, request in requests.items():
-        by_text.setdefault(request.describe(), []).append(rank)
-    if len(by_text) == 1:
-        return {}
-    groups = sorted(by_text.items(), key=lambda item: item[1][0])
-    lines = [f"ranks disagree on a collective group creation ({len(requests)} ranks take part; none waited in torch):"]
-    lines += [f"  rank(s) {format_ranks(ranks)} asked for {text}" for text, ranks in groups]
-    if len({replace(request, held_groups=None) for request in requests.values()}) == 1:
-        lines.append(
-            "They agree on the family but hold different numbers of process groups: torch names a "
-            "members-only group (use_local_synchronization=True) from that count, so they would wait on "
-            "different keys and hang. Create 'local' families before groups that only some ranks hold, "
-            "or use strategy='enumerate' for this family."
-        )
-    return {"message": "\n".join(lines), "requests": dict(groups)}
-
-
-def _await_verdict(
-    store: Any, prefix: str, mine: CreationRequest, participants: list[int], timeout_s: float
-) -> dict[str, Any]:
-    leader = participants[0]
-    verdict_key = f"{prefix}/verdict"
-    # The leader may take the whole timeout before it writes a verdict naming the missing.
-    grace = max(2.0, 0.25 * timeout_s)
-    try:
-        store.wait([verdict_key], datetime.timedelta(seconds=timeout_s + grace))
-    except (dist.DistStoreError, RuntimeError):
-        missing = _absent(store, _request_keys(prefix, participants), participants)
-        if leader not in missing:
-            missing.append(leader)  # it arrived but never judged: it died or hung since
-        return {
-            "missing": sorted(missing),
-            "message": (
-                f"no verdict from rank {leader} (the first of {len(participants)} ranks that must create "
-                f"{mine.describe()}) within {timeout_s + grace:g} s; rank(s) {format_ranks(missing)} did not "
-                "arrive or stopped: dead, hung, or creating something else"
-            ),
-        }
-    verdict: dict[str, Any] = json.loads(store.get(verdict_key))
-    if store.add(f"{prefix}/read", 1) == len(participants) - 1:
-        store.delete_key(verdict_key)
-        store.delete_key(f"{prefix}/read")
-    return verdict
+        leftovers.clear()  # the decider of this completed round deleted them
+    verdict.raise_if_failed()

@@ -160,9 +160,9 @@ def test_creation_gloo_mode_schema(tmp_path: pathlib.Path) -> None:
     json_path = tmp_path / "creation.json"
     assert creation.main(["--world", "4", "--guard", "on,off", "--repeats", "1", "--json", str(json_path)]) == 0
     rows = json.loads(json_path.read_text())
-    assert {(r["strategy"], r["guard"]) for r in rows} == {
-        (s, g) for s in ("enumerate", "local") for g in (True, False)
-    }
+    assert sorted((r["strategy"], r["guard"], r["api"]) for r in rows) == sorted(
+        (s, g, a) for s in ("enumerate", "local") for g in (True, False) for a in ("create_pg", "create_pgs")
+    )
     layout = GridLayout([2, 2], creation.NAMES[:2])
     for row in rows:
         assert row["shape"] == [2, 2] and row["groups_per_rank"] == 3
@@ -171,7 +171,14 @@ def test_creation_gloo_mode_schema(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "argv", [["--world", "6"], ["--fake", "--world", "1000"], ["--strategies", "split"], ["--guard", "maybe"]]
+    "argv",
+    [
+        ["--world", "6"],
+        ["--fake", "--world", "1000"],
+        ["--strategies", "split"],
+        ["--guard", "maybe"],
+        ["--api", "pgs"],
+    ],
 )
 def test_creation_bad_arguments(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
