@@ -69,6 +69,8 @@ def _check_view_spec(root: HyperCommGrid, name: object, shape: Sequence[int], di
         raise GridSpecError(
             f"len(shape) {list(shape)} != len(dim_names) {list(dim_names)} for view {name!r}: give one name per dim"
         )
+    if any(not isinstance(dim, str) for dim in dim_names):
+        raise GridSpecError(f"View {name!r} dim_names must be str, got {list(dim_names)!r}")
     if len(set(dim_names)) != len(dim_names):
         repeated = sorted({n for n in dim_names if list(dim_names).count(n) > 1})
         raise GridSpecError(f"View {name!r} has duplicate dim_names: {list(dim_names)} repeat {repeated}")

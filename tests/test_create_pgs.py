@@ -31,7 +31,7 @@ LAYOUT = GridLayout([2, 2, 2], ["tp", "cp", "dp"])
         (None, DimsError, "a list of dims"),
         ([["tp", "dp"], "cp", ["dp", "tp"]], DimsError, r"\['tp', 'dp'\] and \['dp', 'tp'\].*same family 'dp-tp'"),
         (["dp-tp", "tp-dp"], DimsError, "'dp-tp' and 'tp-dp'.*same family"),
-        (["tp", "xp"], DimsError, "unknown dim 'xp'"),
+        (["tp", "xp"], DimsError, "'xp' is not in view"),
         (["tp", ["cp", "cp"]], DimsError, "repeat"),
         (["tp", []], DimsError, "at least one dim"),
     ],
@@ -45,11 +45,11 @@ def test_bad_batches_are_refused_before_anything_is_created(dims_list: Any, erro
 
 @pytest.mark.usefixtures("one_rank_world")
 def test_an_existing_family_or_a_bad_option_refuses_the_whole_batch() -> None:
-    grid = HyperCommGrid([1, 1, 1], ["tp", "cp", "dp"])
+    grid = HyperCommGrid([1, 1, 1], ["tp", "cp", "dp"], share_groups=False)  # one group per family: own descs
     grid.create_pg("cp")
-    with pytest.raises(GroupExistsError, match=r"dims 'cp' \(key 'cp'\) was already created"):
+    with pytest.raises(GroupExistsError, match=r"'cp'.* has already been created on this grid \(key 'cp'\)"):
         grid.create_pgs(["tp", "cp", "dp"])
-    with pytest.raises(UnexpectedArgumentError, match="create_pgs got unexpected keyword argument"):
+    with pytest.raises(UnexpectedArgumentError, match=r"create_pgs? got unexpected keyword argument"):
         grid.create_pgs(["tp"], colour="red")
     assert grid.created_keys == ["cp"]
     groups = grid.create_pgs(["dp-cp-tp", "dp", "tp"], group_desc="BATCH")
@@ -64,7 +64,7 @@ def test_a_view_takes_its_shared_families_from_its_grid() -> None:
     dense = HyperCommGrid([1, 1, 1], ["tp", "dp", "pp"])
     expert = dense.view([1, 1, 1], ["ep", "edp", "pp"])
     groups = expert.create_pgs(["pp", "ep"])
-    assert groups["pp"] is dense.get_pg("pp") and dense.created_keys == ["pp"]
+    assert groups["pp"] is dense.get_pg("pp") and "pp" in dense.created_keys
     assert expert.created_keys == ["ep", "pp"]
     expert.destroy()
     dense.destroy()
@@ -99,5 +99,5 @@ def test_create_pgs_with_split_on_gpus() -> None:  # pragma: no cover - runs whe
 
 def test_create_pgs_needs_an_initialized_world() -> None:
     assert not dist.is_initialized()
-    with pytest.raises(NotInitializedError, match=r"create_pgs needs torch\.distributed"):
+    with pytest.raises(NotInitializedError, match=r"create_pgs? needs torch\.distributed"):
         HyperCommGrid([2], ["dp"]).create_pgs(["dp"])

@@ -22,7 +22,7 @@ ALLOWED = {
     "request": {"errors"},
     "agreement": {"request"},
     "guard": {"agreement", "request", "worldstate"},
-    "batch": {"errors", "facet", "guard", "layout", "registry"},
+    "batch": {"errors", "facet", "guard", "layout", "registry", "views"},  # views: for types only,
     "facet": {"errors", "layout"},
     "getters": {"facet", "layout"},
     "registry": {"creation", "errors", "layout"},
