@@ -105,6 +105,7 @@ class Round:
         self._arrived_key = f"{prefix}/arrived"
         self._roster_key = f"{prefix}/roster"
         self._verdict_key = f"{prefix}/verdict"
+        self._readers_key = f"{prefix}/readers"
         self._started = 0.0
         self._arrival = 0  # what P/arrived said when this participant arrived
 
@@ -158,12 +159,19 @@ class Round:
     def _conclude(self) -> Verdict:
         """The verdict exists: count this participant done (the count tells an agreement); the last cleans up."""
         done, agree, timeouts = _fields(self.store.add(self._arrived_key, 1))
-        verdict = Verdict("ok") if agree and not timeouts else self._read()
+        if agree and not timeouts:
+            if done == 2 * self.size - 1:  # the last to conclude: nobody needs the round's keys any more
+                self.store.delete_key(self._arrived_key)
+                self.store.delete_key(self._verdict_key)
+            return Verdict("ok")
+        # A failure: read the verdict before counting this reader, so the last reader deletes it only
+        # once every waiter has read it (the failure path may spend more operations than success).
+        verdict = self._read()
         if verdict.kind == "timeout":
             self.store.delete_key(self._count_key)
-        elif done == 2 * self.size - 1:  # the last to read: nobody needs the round's keys any more
-            self.store.delete_key(self._arrived_key)
-            self.store.delete_key(self._verdict_key)
+        elif self.store.add(self._readers_key, 1) == self.size - 1:  # the decider reads nothing
+            for key in (self._arrived_key, self._verdict_key, self._readers_key):
+                self.store.delete_key(key)
         return verdict
 
     def _wait(self, deadline: float, progress: bool) -> bool:
