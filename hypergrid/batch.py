@@ -13,11 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from hypergrid.errors import DimsError
+from hypergrid.creation import check_can_split, check_strategy, create_family
+from hypergrid.errors import DimsError, GroupExistsError
 from hypergrid.facet import GridFacet
 from hypergrid.guard import CreationRequest, GuardLedger, agree, members_scope, world_scope
 from hypergrid.layout import Dims, GridLayout
-from hypergrid.registry import PgKey, guard_key
+from hypergrid.options import check_tag, describe_options, family_options
+from hypergrid.registry import PgKey, create_uninitialized, for_view, guard_key, member_or_none, tagged
+from hypergrid.worldstate import held_group_count
 
 if TYPE_CHECKING:
     from hypergrid.views import RankView
@@ -31,14 +34,23 @@ Plan = tuple[PgKey, GridLayout, tuple[str, ...]]
 
 
 class GuardedCreation(GridFacet):
-    """Batch ordering and the guard round of a creation (a mixin of ``HyperCommGrid``)."""
+    """Batch creation and the guard round of a creation (a mixin of ``HyperCommGrid``)."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid
         guard_progress_s: float
         _creations: int
         _guard_ledger: GuardLedger
 
+        group_options: dict[str, Any]
+        _root: Any
+        _view_name: str
+
+        @property
+        def _pgs(self) -> dict[PgKey, Any]: ...
         def _family(self, dims: Dims, view: str | None) -> tuple[PgKey, GridLayout, RankView]: ...
+        def _check_fits(self, world: int | None) -> None: ...
+        def _shared(self, *args: Any) -> tuple[Any, Any]: ...
+        def _keep(self, *args: Any) -> Any: ...
 
     def _batch(self, dims_list: object, view: str | None) -> list[Dims]:
         """The families of ``dims_list`` in canonical order (fewest dims first); refuses empty lists and repeats."""
@@ -116,3 +128,114 @@ class GuardedCreation(GridFacet):
                 options=options,
             )
             agree(request, participants, scope, self.guard_timeout_s, self.guard_progress_s, self._guard_ledger)
+
+    def create_pgs(
+        self,
+        dims_list: Sequence[Dims],
+        *,
+        view: str | None = None,
+        strategy: str | None = None,
+        tag: str | None = None,
+        **kwargs: Any,
+    ) -> dict[PgKey, dist.ProcessGroup | None]:
+        """Create many families in one step, behind ONE guard round; return the caller's group of each.
+
+        Collective like ``create_pg`` (the same ranks take part; with
+        ``"local"``, the members of the caller's group over all the batch's dims
+        together), with the same keyword arguments, applied to every family.
+        The families are created in one canonical order (fewest dims first, as
+        ``layout.all_families()``) whatever order they are listed in, so ranks
+        that list them differently still agree. Everything is checked before
+        anything is created.
+
+        Args:
+            dims_list: the families, each as ``create_pg`` takes dims.
+            view: a registered view's name (default: this grid's).
+            strategy: overrides the grid's for these families.
+            tag: as for ``create_pg``, applied to every family.
+            **kwargs: ``timeout``, ``pg_options``, ``group_desc``, ``backend``, as for ``create_pg``.
+
+        Returns:
+            Canonical key (``key@tag`` when tagged) -> the group holding the
+            calling rank (``None`` outside the grid), in canonical order.
+
+        Raises:
+            DimsError: ``dims_list`` is empty or not a list, an entry names an
+                unknown or repeated dim, or two entries name the same family.
+            GroupExistsError: (a ``KeyError``) a family was already created.
+            DesyncError: (guard on) the participating ranks asked for different things.
+            GuardTimeoutError: (guard on) some participating ranks did not arrive in time.
+            (and every other error of ``create_pg``)
+
+        Examples:
+            >>> import torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1, 1], ["tp", "dp"])
+            >>> groups = grid.create_pgs([["tp", "dp"], "tp", "dp"])
+            >>> list(groups), groups["dp-tp"] is grid.get_pg("tp-dp")
+            (['tp', 'dp', 'dp-tp'], True)
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        ordered = self._batch(dims_list, view)
+        groups = self._create_families(ordered, view, strategy, tag, kwargs, "create_pgs")
+        layout = self._family(ordered[0], view)[2].layout
+        return {tagged(layout.key(dims), check_tag(tag)): group for dims, group in zip(ordered, groups)}
+
+    def _create_families(
+        self,
+        dims_list: Sequence[Dims],
+        view: str | None,
+        strategy: str | None,
+        tag: str | None,
+        kwargs: dict[str, Any],
+        call: str,
+    ) -> list[dist.ProcessGroup | None]:
+        """The steps of create_pg and create_pgs: check everything, one guard round, create in order."""
+        if self._root is not self:  # a grid from view(): the root creates (one owner, one guard sequence)
+            root: GuardedCreation = self._root
+            return root._create_families(dims_list, view or self._view_name, strategy, tag, kwargs, call)
+        tag = check_tag(tag)
+        backend, options = family_options(kwargs, self.group_options, self.backend, tag)
+        chosen = self.strategy if strategy is None else check_strategy(strategy)
+        plans = []
+        for dims in dims_list:
+            family, layout, spec = self._family(dims, view)
+            key = tagged(family, tag)
+            if key in self._pgs:
+                what = "" if tag is None else f" with tag {tag!r}"
+                raise GroupExistsError(
+                    f"Process group {dims!r}{for_view(key)}{what} has already been created on this grid "
+                    f"(key {key!r}); use get_pg to fetch it, or destroy() the grid's groups first"
+                )
+            plans.append((key, layout, spec.layout.canonical_dims(dims)))
+        if not (dist.is_available() and dist.is_initialized()):
+            for key, layout, ordered in plans:
+                self._pgs[key] = create_uninitialized(
+                    chosen, layout.rank_enum(ordered), {**options, "backend": backend}
+                )
+            return [member_or_none(self._pgs[key]) for key, _, _ in plans]
+        world = dist.get_world_size()
+        self._check_fits(world)
+        if chosen == "split":
+            check_can_split(backend)
+        # Only members-only creation needs the caller's own group: skip that O(group) work otherwise.
+        rank = dist.get_rank()
+        local = chosen == "local" and self.layout.contains(rank)
+        new = any(
+            self._shared(layout, ordered, key, backend, options, tag)[1] is None for key, layout, ordered in plans
+        )
+        described = (("backend", repr(backend)), ("options", describe_options(options)))
+        self._guard_round(
+            plans, chosen, described, held_group_count() if local and new else None, rank if local else None
+        )
+        for key, layout, ordered in plans:
+            my_ranks = layout.group_ranks(ordered, rank) if local else None
+            sharing, shared = self._shared(layout, ordered, key, backend, options, tag)
+
+            def create(layout: GridLayout = layout, ordered: Sequence[str] = ordered, mine: Any = my_ranks) -> Any:
+                rank_enum = None if chosen == "local" else layout.rank_enum(ordered)
+                return create_family(chosen, rank_enum, mine, {**options, "backend": backend})
+
+            self._pgs[key] = self._keep(sharing, shared, key, create, backend, tag, options)
+        return [member_or_none(self._pgs[key]) for key, _, _ in plans]
