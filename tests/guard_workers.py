@@ -11,7 +11,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-import hypergrid.grid
+import hypergrid.batch
 from benchmarks.guard import CountingStore
 from hypergrid import HyperCommGrid
 from tests.workers import _allreduce_rank, _outcome
@@ -112,7 +112,7 @@ def store_hygiene(creations: int) -> dict[str, Any]:
     """
     store = c10d._get_default_store()
     rank = dist.get_rank()
-    hypergrid.grid.create_family = lambda *args: None  # type: ignore[assignment]
+    hypergrid.batch.create_family = lambda *args: None  # type: ignore[assignment]
     baseline = _left(store, 0)
     out: dict[str, Any] = {"during": []}
     grid = HyperCommGrid([2], ["dp"])
