@@ -33,6 +33,8 @@ class NamedCoordinates:
     if TYPE_CHECKING:  # provided by GridLayout
         shape: tuple[int, ...]
         strides: tuple[int, ...]
+        rank_offset: int
+        size: int
         dim_names: tuple[str, ...]
         _index: dict[str, int]
         _coord_type: Any
@@ -162,6 +164,8 @@ class NamedCoordinates:
         per_node = as_int(ranks_per_node)
         if per_node is None or per_node < 1:
             raise GridSpecError(f"ranks_per_node must be a positive int, got {ranks_per_node!r}")
+        # A node larger than the world holds every rank: the same as one of the world's size, which int64 holds.
+        per_node = min(per_node, self.rank_offset + self.size)
         report = []
         for family in self.all_families():
             nodes = np.sort(self.rank_enum_array(family) // per_node, axis=1)
