@@ -222,13 +222,12 @@ class GuardedCreation(GridFacet):
         # Only members-only creation needs the caller's own group: skip that O(group) work otherwise.
         rank = dist.get_rank()
         local = chosen == "local" and self.layout.contains(rank)
-        new = any(
+        # Only a members-only creation that makes a new group depends on how many groups this rank holds.
+        new = local and any(
             self._shared(layout, ordered, key, backend, options, tag)[1] is None for key, layout, ordered in plans
         )
         described = (("backend", repr(backend)), ("options", describe_options(options)))
-        self._guard_round(
-            plans, chosen, described, held_group_count() if local and new else None, rank if local else None
-        )
+        self._guard_round(plans, chosen, described, held_group_count() if new else None, rank if local else None)
         for key, layout, ordered in plans:
             my_ranks = layout.group_ranks(ordered, rank) if local else None
             sharing, shared = self._shared(layout, ordered, key, backend, options, tag)

@@ -9,7 +9,6 @@ the default group, through ``torch.distributed.new_subgroups_by_enumeration``.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,7 +22,6 @@ from hypergrid.errors import (
     GridTooLargeError,
     GroupNotFoundError,
     InvalidArgumentError,
-    WorldSizeError,
 )
 from hypergrid.getters import CoordinateGetters
 from hypergrid.guard import GuardLedger
@@ -36,35 +34,9 @@ from hypergrid.registry import PgKey, for_view, member_or_none, tagged
 from hypergrid.shims import MegatronShims
 from hypergrid.values import check_timeout
 from hypergrid.views import BASE_VIEW, RankView, Views
+from hypergrid.worldstate import world_size_hint
 
 __all__ = ["HyperCommGrid", "world_size_hint"]
-
-
-def world_size_hint() -> int | None:
-    """The world size, if known: from ``WORLD_SIZE``, else from torch.distributed (Megatron's order).
-
-    Returns ``None`` when neither is available (a grid planned offline).
-
-    Raises:
-        WorldSizeError: ``WORLD_SIZE`` is set but is not a positive int.
-
-    Examples:
-        >>> import os
-        >>> os.environ["WORLD_SIZE"] = "16"
-        >>> world_size_hint()
-        16
-        >>> del os.environ["WORLD_SIZE"]
-    """
-    value = os.environ.get("WORLD_SIZE")
-    if value is None:
-        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
-    try:
-        world = int(value)
-    except ValueError:
-        world = 0
-    if world < 1:
-        raise WorldSizeError(f"environment variable WORLD_SIZE={value!r} is not a positive int")
-    return world
 
 
 class HyperCommGrid(

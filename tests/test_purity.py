@@ -17,7 +17,7 @@ ALLOWED = {
     "coordinates": {"errors", "spec", "values"},
     "layout": {"coordinates", "errors", "spec", "values"},
     "economy": {"errors", "layout"},
-    "worldstate": set(),
+    "worldstate": {"errors"},
     "creation": {"errors", "worldstate"},
     "request": {"errors"},
     "agreement": {"request"},
