@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from hypergrid.creation import check_can_split, check_strategy, create_family
-from hypergrid.errors import DimsError, GroupExistsError
+from hypergrid.errors import DimsError, GroupExistsError, UnexpectedArgumentError
 from hypergrid.facet import GridFacet
 from hypergrid.guard import CreationRequest, GuardLedger, agree, members_scope, world_scope
+from hypergrid.hierarchy import hierarchical_family, node_size, resolve_scope
 from hypergrid.layout import Dims, GridLayout
 from hypergrid.options import check_tag, describe_options, family_options
-from hypergrid.registry import PgKey, create_uninitialized, for_view, guard_key, member_or_none, tagged
+from hypergrid.registry import PgKey, create_uninitialized, for_view, guard_key, member_or_none, scoped, tagged
 from hypergrid.worldstate import held_group_count
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class GuardedCreation(GridFacet):
         group_options: dict[str, Any]
         _root: Any
         _view_name: str
+        _families: dict[PgKey, tuple[GridLayout, tuple[str, ...]]]
 
         @property
         def _pgs(self) -> dict[PgKey, Any]: ...
@@ -51,6 +53,11 @@ class GuardedCreation(GridFacet):
         def _check_fits(self, world: int | None) -> None: ...
         def _shared(self, *args: Any) -> tuple[Any, Any]: ...
         def _keep(self, *args: Any) -> Any: ...
+
+    def _key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> PgKey:
+        """The registry key of a family (or of one half of its hierarchy), with ``tag``."""
+        family = self._family(dims, view)[0]
+        return tagged(scoped(family, resolve_scope(within, across), dims), check_tag(tag))
 
     def _batch(self, dims_list: object, view: str | None) -> list[Dims]:
         """The families of ``dims_list`` in canonical order (fewest dims first); refuses empty lists and repeats."""
@@ -178,9 +185,10 @@ class GuardedCreation(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         ordered = self._batch(dims_list, view)
-        groups = self._create_families(ordered, view, strategy, tag, kwargs, "create_pgs")
+        groups = self._create_families(ordered, view, strategy, tag, kwargs, "create_pgs").values()
         layout = self._family(ordered[0], view)[2].layout
-        return {tagged(layout.key(dims), check_tag(tag)): group for dims, group in zip(ordered, groups)}
+        scope = resolve_scope(kwargs.get("within"), kwargs.get("across"))
+        return {tagged(scoped(layout.key(dims), scope), check_tag(tag)): group for dims, group in zip(ordered, groups)}
 
     def _create_families(
         self,
@@ -190,17 +198,35 @@ class GuardedCreation(GridFacet):
         tag: str | None,
         kwargs: dict[str, Any],
         call: str,
-    ) -> list[dist.ProcessGroup | None]:
-        """The steps of create_pg and create_pgs: check everything, one guard round, create in order."""
-        if self._root is not self:  # a grid from view(): the root creates (one owner, one guard sequence)
-            root: GuardedCreation = self._root
+    ) -> dict[PgKey, dist.ProcessGroup | None]:
+        """The steps of create_pg and create_pgs: check everything, one guard round, create in order.
+
+        ``kwargs`` may hold ``within``/``across`` and ``ranks_per_node`` (a
+        hierarchy's half, see ``hypergrid.hierarchy``), then the group options.
+        Returns registry key -> the caller's group, in creation order.
+        """
+        root: GuardedCreation = self._root
+        if root is not self:  # a grid from view(): the root creates (one owner, one guard sequence)
             return root._create_families(dims_list, view or self._view_name, strategy, tag, kwargs, call)
         tag = check_tag(tag)
+        kwargs = dict(kwargs)
+        scope = resolve_scope(kwargs.pop("within", None), kwargs.pop("across", None))
+        per_node = kwargs.pop("ranks_per_node", None)
+        if scope is None and per_node is not None:
+            raise UnexpectedArgumentError(
+                f"{call} got ranks_per_node={per_node!r} without within= or across=; it sets the node size of a "
+                "hierarchy's half only"
+            )
         backend, options = family_options(kwargs, self.group_options, self.backend, tag)
         chosen = self.strategy if strategy is None else check_strategy(strategy)
-        plans = []
+        plans: list[Plan] = []
         for dims in dims_list:
             family, layout, spec = self._family(dims, view)
+            ordered = spec.layout.canonical_dims(dims)
+            if scope is not None:
+                family = scoped(family, scope, dims)
+                per_node = node_size(per_node)
+                layout, ordered = hierarchical_family(layout, ordered, scope, per_node)
             key = tagged(family, tag)
             if key in self._pgs:
                 what = "" if tag is None else f" with tag {tag!r}"
@@ -208,13 +234,13 @@ class GuardedCreation(GridFacet):
                     f"Process group {dims!r}{for_view(key)}{what} has already been created on this grid "
                     f"(key {key!r}); use get_pg to fetch it, or destroy() the grid's groups first"
                 )
-            plans.append((key, layout, spec.layout.canonical_dims(dims)))
+            plans.append((key, layout, ordered))
         if not (dist.is_available() and dist.is_initialized()):
             for key, layout, ordered in plans:
                 self._pgs[key] = create_uninitialized(
                     chosen, layout.rank_enum(ordered), {**options, "backend": backend}
                 )
-            return [member_or_none(self._pgs[key]) for key, _, _ in plans]
+            return self._created(plans)
         world = dist.get_world_size()
         self._check_fits(world)
         if chosen == "split":
@@ -226,7 +252,9 @@ class GuardedCreation(GridFacet):
         new = local and any(
             self._shared(layout, ordered, key, backend, options, tag)[1] is None for key, layout, ordered in plans
         )
-        described = (("backend", repr(backend)), ("options", describe_options(options)))
+        described: tuple[tuple[str, str], ...] = (("backend", repr(backend)), ("options", describe_options(options)))
+        if scope is not None:  # ranks that disagree on the node size would build different groups
+            described += (("ranks_per_node", str(per_node)),)
         self._guard_round(plans, chosen, described, held_group_count() if new else None, rank if local else None)
         for key, layout, ordered in plans:
             my_ranks = layout.group_ranks(ordered, rank) if local else None
@@ -237,4 +265,10 @@ class GuardedCreation(GridFacet):
                 return create_family(chosen, rank_enum, mine, {**options, "backend": backend})
 
             self._pgs[key] = self._keep(sharing, shared, key, create, backend, tag, options)
-        return [member_or_none(self._pgs[key]) for key, _, _ in plans]
+        return self._created(plans)
+
+    def _created(self, plans: Sequence[Plan]) -> dict[PgKey, dist.ProcessGroup | None]:
+        """Remember how each new family enumerates (for placement reports); the caller's group of each."""
+        for key, layout, ordered in plans:
+            self._families[key] = (layout, ordered)
+        return {key: member_or_none(self._pgs[key]) for key, _, _ in plans}

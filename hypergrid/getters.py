@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch.distributed as dist
+
 from hypergrid.facet import GridFacet
 from hypergrid.layout import Dims
 
@@ -17,6 +19,26 @@ __all__ = ["CoordinateGetters"]
 
 class CoordinateGetters(GridFacet):
     """Coordinates, neighbours and group membership of ranks (a mixin of ``HyperCommGrid``)."""
+
+    @property
+    def shape(self) -> list[int]:
+        """Size of each dim, innermost first."""
+        return list(self.layout.shape)
+
+    @property
+    def dim_names(self) -> list[str]:
+        """Name of each dim, innermost first."""
+        return list(self.layout.dim_names)
+
+    @property
+    def rank_offset(self) -> int:
+        """The grid's first rank."""
+        return self.layout.rank_offset
+
+    @property
+    def size(self) -> int:
+        """Number of ranks in the grid."""
+        return self.layout.size
 
     def coord_of(self, rank: int) -> Any:
         """Coordinates of ``rank`` as a named tuple (fields: the dim names).
@@ -132,3 +154,12 @@ class CoordinateGetters(GridFacet):
             'pp_00-tp_01'
         """
         return self.layout.rank_repr(self._rank(rank), omit, inner_sep, outer_sep)
+
+    def is_current_rank_in_grid(self) -> bool:
+        """Whether the calling rank is one of the grid's ranks.
+
+        Raises:
+            NotInitializedError: torch.distributed is not initialized.
+        """
+        self._require_initialized("is_current_rank_in_grid")
+        return self.layout.contains(dist.get_rank())

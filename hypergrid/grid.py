@@ -28,9 +28,9 @@ from hypergrid.guard import GuardLedger
 from hypergrid.layout import Dims, GridLayout, resolve_shape
 from hypergrid.mesh import MeshExport
 from hypergrid.nodes import NodeAwareness
-from hypergrid.options import check_group_options, check_tag, normalize_backend
+from hypergrid.options import check_group_options, normalize_backend
 from hypergrid.pipeline import Pipeline
-from hypergrid.registry import PgKey, for_view, member_or_none, tagged
+from hypergrid.registry import PgKey, for_view, member_or_none
 from hypergrid.shims import MegatronShims
 from hypergrid.values import check_timeout
 from hypergrid.views import BASE_VIEW, RankView, Views
@@ -145,6 +145,8 @@ class HyperCommGrid(
         self._views: dict[str, RankView] = {BASE_VIEW: RankView(BASE_VIEW, self.shape, self.dim_names, [], self.layout)}
         # Megatron's key -> the caller's group (None where the caller is in no group); see _pgs.
         self._registry: dict[PgKey, Any] = {}
+        # Key -> the layout and dims that enumerate its groups (a hierarchy's half: a finer layout).
+        self._families: dict[PgKey, tuple[GridLayout, tuple[str, ...]]] = {}
         # The root's groups shared by partition, backend, options and tag, held by registry keys.
         self._pool = GroupPool()
         # Creations asked of this grid so far (never reset): part of what the guard compares.
@@ -164,28 +166,6 @@ class HyperCommGrid(
     @_pgs.setter
     def _pgs(self, value: dict[PgKey, Any]) -> None:
         self._root._registry = value
-
-    # -- attributes ---------------------------------------------------------
-
-    @property
-    def shape(self) -> list[int]:
-        """Size of each dim, innermost first."""
-        return list(self.layout.shape)
-
-    @property
-    def dim_names(self) -> list[str]:
-        """Name of each dim, innermost first."""
-        return list(self.layout.dim_names)
-
-    @property
-    def rank_offset(self) -> int:
-        """The grid's first rank."""
-        return self.layout.rank_offset
-
-    @property
-    def size(self) -> int:
-        """Number of ranks in the grid."""
-        return self.layout.size
 
     def __repr__(self) -> str:
         return (
@@ -247,6 +227,11 @@ class HyperCommGrid(
         backend, options and tag as one created before gets that group object
         and creates nothing (``group_desc`` takes no part); the guard checks
         the request all the same. See ``docs/communicators.md``.
+        ``within="node"`` / ``across="node"`` create one half of the family's
+        hierarchy instead: each group's members on one node, or those with the
+        same position on each node (key ``"dp-tp|within=node"``; nodes of
+        ``ranks_per_node`` ranks, default ``LOCAL_WORLD_SIZE``; see
+        ``hypergrid.hierarchy`` and ``docs/hierarchy.md``).
 
         Args:
             dims: the family's dims, in any order.
@@ -255,7 +240,8 @@ class HyperCommGrid(
             tag: a short identifier for a separate communicator over the same
                 family; it never shares with an untagged group.
             **kwargs: ``timeout``, ``pg_options``, ``group_desc``; ``backend``,
-                which must agree with the grid's unless ``tag`` is given.
+                which must agree with the grid's unless ``tag`` is given;
+                ``within``/``across`` and ``ranks_per_node`` (above).
 
         Returns:
             The group holding the calling rank, or ``None`` on ranks outside the grid.
@@ -289,10 +275,17 @@ class HyperCommGrid(
             >>> grid.destroy()
             >>> dist.destroy_process_group()
         """
-        return self._create_families([dims], view, strategy, tag, kwargs, "create_pg")[0]
+        return next(iter(self._create_families([dims], view, strategy, tag, kwargs, "create_pg").values()))
 
     def pg(
-        self, dims: Dims, *, view: str | None = None, tag: str | None = None, **kwargs: Any
+        self,
+        dims: Dims,
+        *,
+        view: str | None = None,
+        tag: str | None = None,
+        within: str | None = None,
+        across: str | None = None,
+        **kwargs: Any,
     ) -> dist.ProcessGroup | None:
         """The caller's group over ``dims`` (with ``tag``, if given), created on first use.
 
@@ -301,7 +294,7 @@ class HyperCommGrid(
         same order. With the guard on (the default) a rank that asks for
         something else makes every participant raise ``DesyncError`` instead of
         hanging. Later calls are local lookups; keyword arguments are used only
-        on the creating call. ``view`` as in ``create_pg``.
+        on the creating call. ``view``, ``within`` and ``across`` as in ``create_pg``.
 
         Examples:
             >>> import torch.distributed as dist
@@ -313,23 +306,31 @@ class HyperCommGrid(
             True
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        family, _, _ = self._family(dims, view)
-        key = tagged(family, check_tag(tag))
+        key = self._key(dims, view, tag, within, across)
         if key in self._pgs:
             return member_or_none(self._pgs[key])
-        return self.create_pg(dims, view=view, tag=tag, **kwargs)
+        return self.create_pg(dims, view=view, tag=tag, within=within, across=across, **kwargs)
 
-    def get_pg(self, dims: Dims, *, view: str | None = None, tag: str | None = None) -> dist.ProcessGroup | None:
+    def get_pg(
+        self,
+        dims: Dims,
+        *,
+        view: str | None = None,
+        tag: str | None = None,
+        within: str | None = None,
+        across: str | None = None,
+    ) -> dist.ProcessGroup | None:
         """The caller's group of an already created family (a local lookup), with ``tag`` if given.
 
         Returns ``None`` on ranks outside the grid (also where the registry holds
-        torch's ``GroupMember.NON_GROUP_MEMBER``). ``view`` as in ``create_pg``.
+        torch's ``GroupMember.NON_GROUP_MEMBER``). ``view``, ``within`` and
+        ``across`` as in ``create_pg``.
 
         Raises:
             DimsError: unknown, repeated or no dims.
             GroupNotFoundError: (a ``KeyError``) the family (with this tag) was not created yet.
             ViewNotFoundError: (a ``KeyError``) ``view`` is not registered.
-            InvalidArgumentError: a bad ``tag``.
+            InvalidArgumentError: a bad ``tag``, ``within`` or ``across``.
 
         Examples:
             >>> HyperCommGrid([2, 2], ["tp", "dp"]).get_pg("tp")  # doctest: +ELLIPSIS
@@ -337,11 +338,11 @@ class HyperCommGrid(
               ...
             hypergrid.errors.GroupNotFoundError: Process group for 'tp' hasn't been created ...
         """
-        family, _, _ = self._family(dims, view)
-        key = tagged(family, check_tag(tag))
+        key = self._key(dims, view, tag, within, across)
         if key not in self._pgs:
             what = f"for {key!r}" if isinstance(key, str) else f"{dims!r}{for_view(key)}"
-            call = "create_pg" if tag is None else f"create_pg(..., tag={tag!r})"
+            given = {"tag": tag, "within": within, "across": across}
+            call = "create_pg" + "".join(f"(..., {k}={v!r})" for k, v in given.items() if v)
             raise GroupNotFoundError(
                 f"Process group {what} hasn't been created (dims {dims!r}, key {key!r}); created so far: "
                 f"{list(self._pgs)}; call {call} first"
@@ -356,15 +357,6 @@ class HyperCommGrid(
         strings of its dims (shared families included).
         """
         return self._view_keys(own_only=False)
-
-    def is_current_rank_in_grid(self) -> bool:
-        """Whether the calling rank is one of the grid's ranks.
-
-        Raises:
-            NotInitializedError: torch.distributed is not initialized.
-        """
-        self._require_initialized("is_current_rank_in_grid")
-        return self.layout.contains(dist.get_rank())
 
     def destroy(self) -> None:
         """Release this grid's families on the calling rank; destroy the groups nothing else holds.

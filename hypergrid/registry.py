@@ -3,8 +3,9 @@
 The registry (``HyperCommGrid._pgs``) maps a key to the calling rank's group of
 one family: a dash-joined canonical string (``"dp-tp"``) for the base view and
 for a view's families over shared dims only, ``(view_name, dims_tuple)`` for a
-view's own families. A later key kind (a tagged communicator, a shared group)
-adds a key shape here; identical group objects under several keys are
+view's own families. The two halves of a hierarchical family add the half
+to a string key (``"dp-tp|within=node"``, ``"dp-tp|across=node"``). A later
+key kind (a tagged communicator, a shared group) adds a key shape here; identical group objects under several keys are
 destroyed once.
 """
 
@@ -15,16 +16,18 @@ from typing import Any, Union
 import torch.distributed as dist
 
 from hypergrid.creation import create_family
-from hypergrid.errors import NotInitializedError
+from hypergrid.errors import InvalidArgumentError, NotInitializedError
 from hypergrid.layout import KEY_SEPARATOR
 
 __all__ = [
+    "SCOPE_SEPARATOR",
     "TAG_SEPARATOR",
     "PgKey",
     "create_uninitialized",
     "for_view",
     "guard_key",
     "member_or_none",
+    "scoped",
     "tagged",
     "untagged",
 ]
@@ -35,6 +38,31 @@ PgKey = Union[str, tuple[str, tuple[str, ...]], tuple[str, tuple[str, ...], str]
 
 #: Joins a base key and its communicator tag (``"dp-tp@ag"``); dim names and tags cannot contain it.
 TAG_SEPARATOR = "@"
+
+
+#: Joins a family key and the half of its hierarchy (``"dp-tp|within=node"``); dim names cannot contain it.
+SCOPE_SEPARATOR = "|"
+
+
+def scoped(key: PgKey, scope: str | None, dims: object = None) -> PgKey:
+    """The registry key of the ``scope`` half (``"within"``/``"across"``) of a family (``key`` for None).
+
+    Only string keys (the grid's families, and a view's over dims it shares
+    with the grid) have halves: a view's own family is refused, naming ``dims``.
+
+    Examples:
+        >>> scoped("dp-tp", "within"), scoped("dp", "across"), scoped("dp", None)
+        ('dp-tp|within=node', 'dp|across=node', 'dp')
+    """
+    if scope is None:
+        return key
+    if not isinstance(key, str):
+        raise InvalidArgumentError(
+            f"{scope}='node' applies to the grid's families and to a view's families over the dims it shares "
+            f"with the grid; {dims!r} is view {key[0]!r}'s own family (dims {list(key[1])}): create the "
+            "hierarchy on a grid with those dims instead"
+        )
+    return f"{key}{SCOPE_SEPARATOR}{scope}=node"
 
 
 def tagged(key: PgKey, tag: str | None) -> PgKey:

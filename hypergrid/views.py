@@ -21,7 +21,7 @@ import numpy as np
 from hypergrid.errors import DimsError, GridSpecError, ViewNotFoundError
 from hypergrid.facet import GridFacet
 from hypergrid.layout import KEY_SEPARATOR, Dims, GridLayout
-from hypergrid.registry import PgKey, tagged, untagged
+from hypergrid.registry import SCOPE_SEPARATOR, PgKey, tagged, untagged
 from hypergrid.values import as_int, is_int
 
 if TYPE_CHECKING:
@@ -262,8 +262,10 @@ class Views(GridFacet):
             family, tag = untagged(key)
             if isinstance(family, tuple) and family[0] == self._view_name:
                 keys.append(key if own_only else tagged(KEY_SEPARATOR.join(family[1]), tag))
-            elif not own_only and isinstance(family, str) and set(family.split(KEY_SEPARATOR)) <= shared:
-                keys.append(tagged(self.layout.key(family), tag))
+            elif not own_only and isinstance(family, str):
+                base, separator, half = family.partition(SCOPE_SEPARATOR)  # "dp|within=node": a hierarchy's half
+                if set(base.split(KEY_SEPARATOR)) <= shared:
+                    keys.append(tagged(self.layout.key(base) + separator + half, tag))
         return keys
 
     def _bound_view(self, name: str) -> HyperCommGrid:

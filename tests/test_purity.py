@@ -27,6 +27,7 @@ ALLOWED = {
         "errors",
         "facet",
         "guard",
+        "hierarchy",
         "layout",
         "options",
         "registry",
@@ -38,7 +39,9 @@ ALLOWED = {
     "registry": {"creation", "errors", "layout"},
     "views": {"errors", "facet", "grid", "layout", "registry", "values"},
     "shims": {"facet", "layout"},
-    "nodes": {"errors", "facet"},
+    "nodes": {"errors", "facet", "hierarchy", "layout", "placement", "registry", "topology"},
+    "placement": {"errors", "topology"},
+    "hierarchy": {"errors", "layout", "values"},
     "meshspec": {"errors", "layout"},
     "mesh": {"facet", "meshspec"},
     "collectives": {"errors", "facet", "layout", "values"},
@@ -88,6 +91,8 @@ PURE = (
     "meshspec",
     "economy",
     "options",
+    "hierarchy",
+    "placement",
     *(m for m in ALLOWED if m.startswith("topology/")),
 )
 
