@@ -245,3 +245,50 @@ class Collectives(GridFacet):
         group = self._member_pg(dims, "barrier")
         work: dist.Work | None = dist.barrier(group=group, async_op=async_op)
         return work
+
+    def hierarchical_all_reduce(
+        self,
+        tensor: torch.Tensor,
+        dims: Dims,
+        op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+        ranks_per_node: int | None = None,
+    ) -> None:
+        """All-reduce ``tensor`` in place over the family in three steps: inside nodes, across, inside again.
+
+        Reduce-scatter over the family's members on this node
+        (``within="node"``), all-reduce each shard across nodes
+        (``across="node"``), all-gather inside the node: the result equals
+        ``all_reduce`` over ``dims`` (up to floating-point order), while only
+        ``1/k`` of the bytes (``k`` members per node) cross the network. Both
+        halves are created on first use (collective then; see
+        ``docs/hierarchy.md``); nodes are ``ranks_per_node`` consecutive ranks,
+        default ``LOCAL_WORLD_SIZE``. Any size works (the shards are padded);
+        the tensor may be non-contiguous.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            InvalidArgumentError: not a tensor, or nodes that cut the grid unevenly.
+            WorldSizeError: no ``ranks_per_node`` and no ``LOCAL_WORLD_SIZE``.
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch, torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid, x = HyperCommGrid([1, 1], ["tp", "dp"]), torch.arange(5.0)
+            >>> grid.hierarchical_all_reduce(x, "dp-tp", ranks_per_node=8); x.tolist()
+            [0.0, 1.0, 2.0, 3.0, 4.0]
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        _check_tensor(tensor, "hierarchical_all_reduce")
+        inner = self._member_pg(dims, "hierarchical_all_reduce", within="node", ranks_per_node=ranks_per_node)
+        outer = self._member_pg(dims, "hierarchical_all_reduce", across="node", ranks_per_node=ranks_per_node)
+        k, count = dist.get_world_size(inner), tensor.numel()
+        flat = tensor.detach().reshape(-1)
+        buffer = torch.cat([flat, flat.new_zeros(-count % k)])  # a copy, padded to k equal shards
+        shard = buffer.new_empty(buffer.numel() // k)
+        _reduce_scatter_single(shard, buffer, op=op, group=inner)
+        dist.all_reduce(shard, op=op, group=outer)
+        _all_gather_single(buffer, shard, group=inner)
+        with torch.no_grad():
+            tensor.copy_(buffer[:count].view(tensor.shape))

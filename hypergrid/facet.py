@@ -56,14 +56,14 @@ class GridFacet:
         self._require_initialized("a getter without an explicit rank")
         return dist.get_rank()
 
-    def _member_pg(self, dims: Dims, what: str) -> dist.ProcessGroup:
+    def _member_pg(self, dims: Dims, what: str, **half: Any) -> dist.ProcessGroup:
         """The caller's group over ``dims`` (created on first use); ``RankError`` outside the grid.
 
         Every rank calls ``pg`` first, members or not, so that a creation that
         needs the whole world (strategy ``"enumerate"``) completes on the
         members before a non-member raises.
         """
-        group = self.pg(dims)
+        group = self.pg(dims, **half)
         if group is None:
             raise RankError(
                 f"{what}: rank {dist.get_rank()} is outside the grid of shape {self.shape} {self.dim_names} "

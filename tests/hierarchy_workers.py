@@ -71,6 +71,23 @@ def halves_scenarios(strategy: str) -> dict[str, Any]:
     flat = torch.tensor([float(rank + 1) ** 2])
     dist.all_reduce(flat, group=grid.create_pg("dp-tp"))
     out["hierarchical"], out["flat"] = float(value.item()), float(flat.item())
+    # The grid's three-step hierarchical all-reduce against the flat one: any size, non-contiguous, MAX on ints.
+    out["hier_allreduce"] = {}
+    for key in ("dp-tp", "dp-cp-tp", "tp", "dp"):
+        values = torch.arange(7 * 3, dtype=torch.float64).reshape(7, 3).t() * (rank + 1)  # non-contiguous
+        expected = values.clone()
+        grid.hierarchical_all_reduce(values, key)
+        dist.all_reduce(expected, group=grid.pg(key))
+        ints = torch.tensor([rank * 7 % 5, rank], dtype=torch.int64)
+        top = ints.clone()
+        grid.hierarchical_all_reduce(ints, key, op=dist.ReduceOp.MAX)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=grid.pg(key))
+        out["hier_allreduce"][key] = {
+            "sum": values.tolist(),
+            "flat": expected.tolist(),
+            "max": ints.tolist(),
+            "flat_max": top.tolist(),
+        }
     # tp fits in a node: its within half is the tp family's group itself (shared, nothing new created).
     out["tp_shared"] = grid.pg("tp") is grid.get_pg("tp", within="node")
     out["created_keys"] = [str(key) for key in grid.created_keys]

@@ -62,6 +62,16 @@ def test_node_group_and_hierarchical_all_reduce(results: list[dict[str, Any]]) -
         assert "dp|within=node" in result["created_keys"] and "dp-cp-tp|within=node" in result["created_keys"]
 
 
+def test_hierarchical_all_reduce_equals_the_flat_one(results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(results):
+        for key, got in result["hier_allreduce"].items():
+            group = family(rank, key.split("-"))
+            base = [[float(3 * j + i) for j in range(7)] for i in range(3)]  # arange(21).reshape(7, 3).t()
+            assert got["sum"] == [[v * sum(q + 1 for q in group) for v in row] for row in base], (rank, key)
+            assert got["sum"] == got["flat"]
+            assert got["max"] == [max(q * 7 % 5 for q in group), max(group)] == got["flat_max"]
+
+
 def test_explicit_ranks_per_node(results: list[dict[str, Any]]) -> None:
     # [2, 4] (tp, dp) on nodes of 2: a node is one tp pair, so across nodes is the whole family.
     for rank, result in enumerate(results):

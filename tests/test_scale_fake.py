@@ -46,3 +46,25 @@ def test_offset_grid_at_scale_leaves_outsiders_without_groups() -> None:
         assert grid.get_pg("dp") is None
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("rank", [3, 40_000])
+def test_hierarchy_halves_at_scale_hold_the_node_cut_of_the_own_group(rank: int) -> None:
+    # Expected: the own group of the family, cut by rank // 8 (within) or by position on the node (across).
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=WORLD)
+    try:
+        grid = HyperCommGrid([4, 4, 2, 2048], ["tp", "cp", "pp", "dp"], strategy="local")
+        for family in (["dp", "cp"], ["dp", "pp", "cp", "tp"], ["tp"]):
+            parts: dict[int, list[int]] = {}
+            for q in grid.layout.group_ranks(family, rank):  # ascending
+                parts.setdefault(q // 8, []).append(q)
+            node = parts[rank // 8]
+            across = [part[node.index(rank)] for part in parts.values()]
+            for half, expected in (("within", node), ("across", across)):
+                group = grid.create_pg(family, ranks_per_node=8, **{half: "node"})
+                assert group is not None
+                assert dist.get_process_group_ranks(group) == expected, (family, half)
+        grid.destroy()
+    finally:
+        dist.destroy_process_group()
