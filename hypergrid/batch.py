@@ -57,7 +57,7 @@ class GuardedCreation(GridFacet):
     def _key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> PgKey:
         """The registry key of a family (or of one half of its hierarchy), with ``tag``."""
         family = self._family(dims, view)[0]
-        return tagged(scoped(family, resolve_scope(within, across), dims), check_tag(tag))
+        return tagged(scoped(family, resolve_scope(within, across)), check_tag(tag))
 
     def _batch(self, dims_list: object, view: str | None) -> list[Dims]:
         """The families of ``dims_list`` in canonical order (fewest dims first); refuses empty lists and repeats."""
@@ -224,7 +224,7 @@ class GuardedCreation(GridFacet):
             family, layout, spec = self._family(dims, view)
             ordered = spec.layout.canonical_dims(dims)
             if scope is not None:
-                family = scoped(family, scope, dims)
+                family = scoped(family, scope)
                 per_node = node_size(per_node)
                 layout, ordered = hierarchical_family(layout, ordered, scope, per_node)
             key = tagged(family, tag)

@@ -16,7 +16,7 @@ from typing import Any, Union
 import torch.distributed as dist
 
 from hypergrid.creation import create_family
-from hypergrid.errors import InvalidArgumentError, NotInitializedError
+from hypergrid.errors import NotInitializedError
 from hypergrid.layout import KEY_SEPARATOR
 
 __all__ = [
@@ -44,25 +44,26 @@ TAG_SEPARATOR = "@"
 SCOPE_SEPARATOR = "|"
 
 
-def scoped(key: PgKey, scope: str | None, dims: object = None) -> PgKey:
+def scoped(key: PgKey, scope: str | None) -> PgKey:
     """The registry key of the ``scope`` half (``"within"``/``"across"``) of a family (``key`` for None).
 
-    Only string keys (the grid's families, and a view's over dims it shares
-    with the grid) have halves: a view's own family is refused, naming ``dims``.
+    The half is written after the dims: ``"dp-tp|within=node"``; for a view's
+    own family, after its last dim: ``("expert", ("edp", "ep|within=node"))``,
+    so that its dims read ``"edp-ep|within=node"`` as the grid's do.
 
     Examples:
-        >>> scoped("dp-tp", "within"), scoped("dp", "across"), scoped("dp", None)
-        ('dp-tp|within=node', 'dp|across=node', 'dp')
+        >>> scoped("dp-tp", "within"), scoped("dp", None)
+        ('dp-tp|within=node', 'dp')
+        >>> scoped(("expert", ("edp", "ep")), "across")
+        ('expert', ('edp', 'ep|across=node'))
     """
     if scope is None:
         return key
-    if not isinstance(key, str):
-        raise InvalidArgumentError(
-            f"{scope}='node' applies to the grid's families and to a view's families over the dims it shares "
-            f"with the grid; {dims!r} is view {key[0]!r}'s own family (dims {list(key[1])}): create the "
-            "hierarchy on a grid with those dims instead"
-        )
-    return f"{key}{SCOPE_SEPARATOR}{scope}=node"
+    suffix = f"{SCOPE_SEPARATOR}{scope}=node"
+    if isinstance(key, str):
+        return f"{key}{suffix}"
+    *inner, last = key[1]
+    return (key[0], (*inner, last + suffix))
 
 
 def tagged(key: PgKey, tag: str | None) -> PgKey:

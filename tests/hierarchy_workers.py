@@ -90,6 +90,11 @@ def halves_scenarios(strategy: str) -> dict[str, Any]:
         }
     # tp fits in a node: its within half is the tp family's group itself (shared, nothing new created).
     out["tp_shared"] = grid.pg("tp") is grid.get_pg("tp", within="node")
+    # A view's own family: expert parallel ep=2 innermost, expert data parallel edp=4 over the same 8 ranks.
+    grid.register_view("expert", [2, 4], ["ep", "edp"])
+    for scope in ("within", "across"):
+        group = grid.pg("edp", view="expert", **{scope: "node"})
+        out["halves"][f"expert:edp|{scope}"] = dist.get_process_group_ranks(group) if group else None
     out["created_keys"] = [str(key) for key in grid.created_keys]
     out["errors"] = {
         "exists": _error(lambda: grid.create_pg("dp", within="node")),

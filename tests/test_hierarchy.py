@@ -166,8 +166,7 @@ def test_node_size_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_keys_of_halves() -> None:
     assert scoped("dp-tp", "within") == "dp-tp|within=node"
-    with pytest.raises(InvalidArgumentError, match="view 'expert''s own family"):
-        scoped(("expert", ("ep",)), "across", "ep")
+    assert scoped(("expert", ("edp", "ep")), "across") == ("expert", ("edp", "ep|across=node"))
 
 
 def test_lookups_before_creation_name_the_half() -> None:

@@ -53,6 +53,17 @@ def test_every_half_has_the_expected_members_and_reduces_through_them(results: l
                 assert got["lookup"] is True
 
 
+def test_a_view_s_own_family_has_halves_too(results: list[dict[str, Any]]) -> None:
+    # view [2, 4] (ep, edp): edp groups are the ranks with the same ep = rank % 2; nodes of 4.
+    for rank, result in enumerate(results):
+        edp = [q for q in range(WORLD) if q % 2 == rank % 2]
+        on_node = [q for q in edp if q // PER_NODE == rank // PER_NODE]
+        position = on_node.index(rank)
+        assert result["halves"]["expert:edp|within"] == on_node
+        assert result["halves"]["expert:edp|across"] == [q for q in edp if q % PER_NODE == on_node[position] % PER_NODE]
+        assert "('expert', ('edp|within=node',))" in result["created_keys"]
+
+
 def test_node_group_and_hierarchical_all_reduce(results: list[dict[str, Any]]) -> None:
     for rank, result in enumerate(results):
         node = [q for q in range(WORLD) if q // PER_NODE == rank // PER_NODE]
