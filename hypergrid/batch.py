@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from hypergrid.creation import check_can_split, check_strategy, create_family
-from hypergrid.errors import DimsError, GroupExistsError, UnexpectedArgumentError
+from hypergrid.errors import DimsError, GroupExistsError, InvalidArgumentError, UnexpectedArgumentError
 from hypergrid.facet import GridFacet
 from hypergrid.guard import CreationRequest, GuardLedger, agree, members_scope, world_scope
 from hypergrid.hierarchy import hierarchical_family, node_size, resolve_scope
@@ -45,7 +45,7 @@ class GuardedCreation(GridFacet):
         group_options: dict[str, Any]
         _root: Any
         _view_name: str
-        _families: dict[PgKey, tuple[GridLayout, tuple[str, ...]]]
+        _families: dict[PgKey, tuple[GridLayout, tuple[str, ...], int | None]]
 
         @property
         def _pgs(self) -> dict[PgKey, Any]: ...
@@ -58,6 +58,20 @@ class GuardedCreation(GridFacet):
         """The registry key of a family (or of one half of its hierarchy), with ``tag``."""
         family = self._family(dims, view)[0]
         return tagged(scoped(family, resolve_scope(within, across)), check_tag(tag))
+
+    def _node_size_of(self, key: PgKey, given: object, half: object) -> int | None:
+        """The node size a created half was cut with; refuses a ``given`` one that differs (or has no half)."""
+        if given is not None and half is None:
+            raise UnexpectedArgumentError(
+                f"ranks_per_node={given!r} without within= or across=; it sets the node size of a hierarchy's half only"
+            )
+        stored: int | None = self._root._families.get(key, (None, None, None))[2]
+        if given is not None and stored is not None and node_size(given) != stored:  # type: ignore[arg-type]
+            raise InvalidArgumentError(
+                f"{key!r} was created with ranks_per_node={stored}, not {given!r}: a half is cut once; destroy() "
+                "the grid's groups to cut it again"
+            )
+        return stored
 
     def _batch(self, dims_list: object, view: str | None) -> list[Dims]:
         """The families of ``dims_list`` in canonical order (fewest dims first); refuses empty lists and repeats."""
@@ -220,9 +234,11 @@ class GuardedCreation(GridFacet):
         backend, options = family_options(kwargs, self.group_options, self.backend, tag)
         chosen = self.strategy if strategy is None else check_strategy(strategy)
         plans: list[Plan] = []
+        guarded: list[Plan] = []  # the unsplit families: "local" agrees over their groups, whatever the node size
         for dims in dims_list:
             family, layout, spec = self._family(dims, view)
             ordered = spec.layout.canonical_dims(dims)
+            base = (layout, ordered)
             if scope is not None:
                 family = scoped(family, scope)
                 per_node = node_size(per_node)
@@ -235,12 +251,13 @@ class GuardedCreation(GridFacet):
                     f"(key {key!r}); use get_pg to fetch it, or destroy() the grid's groups first"
                 )
             plans.append((key, layout, ordered))
+            guarded.append((key, *base))
         if not (dist.is_available() and dist.is_initialized()):
             for key, layout, ordered in plans:
                 self._pgs[key] = create_uninitialized(
                     chosen, layout.rank_enum(ordered), {**options, "backend": backend}
                 )
-            return self._created(plans)
+            return self._created(plans, per_node)
         world = dist.get_world_size()
         self._check_fits(world)
         if chosen == "split":
@@ -255,7 +272,7 @@ class GuardedCreation(GridFacet):
         described: tuple[tuple[str, str], ...] = (("backend", repr(backend)), ("options", describe_options(options)))
         if scope is not None:  # ranks that disagree on the node size would build different groups
             described += (("ranks_per_node", str(per_node)),)
-        self._guard_round(plans, chosen, described, held_group_count() if new else None, rank if local else None)
+        self._guard_round(guarded, chosen, described, held_group_count() if new else None, rank if local else None)
         for key, layout, ordered in plans:
             my_ranks = layout.group_ranks(ordered, rank) if local else None
             sharing, shared = self._shared(layout, ordered, key, backend, options, tag)
@@ -265,10 +282,10 @@ class GuardedCreation(GridFacet):
                 return create_family(chosen, rank_enum, mine, {**options, "backend": backend})
 
             self._pgs[key] = self._keep(sharing, shared, key, create, backend, tag, options)
-        return self._created(plans)
+        return self._created(plans, per_node)
 
-    def _created(self, plans: Sequence[Plan]) -> dict[PgKey, dist.ProcessGroup | None]:
-        """Remember how each new family enumerates (for placement reports); the caller's group of each."""
+    def _created(self, plans: Sequence[Plan], per_node: int | None) -> dict[PgKey, dist.ProcessGroup | None]:
+        """Remember how each new family enumerates (and a half's node size); the caller's group of each."""
         for key, layout, ordered in plans:
-            self._families[key] = (layout, ordered)
+            self._families[key] = (layout, ordered, per_node)
         return {key: member_or_none(self._pgs[key]) for key, _, _ in plans}

@@ -14,7 +14,7 @@ is the ``i``-th rank of ``grid.group_ranks(dims)`` (ascending global ranks).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,9 @@ from hypergrid.layout import Dims
 from hypergrid.values import as_int, is_int
 
 __all__ = ["Collectives"]
+
+#: The two halves of a hierarchy as ``(within, across)`` arguments.
+_HALVES = (("within", ("node", None)), ("across", (None, "node")))
 
 # torch 2.13 renamed the single-tensor collectives; older releases (>= 2.4) have only the old names.
 _all_gather_single: Any = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -62,6 +65,11 @@ def _check_tensor(tensor: object, what: str) -> torch.Tensor:
 
 class Collectives(GridFacet):
     """Collectives on the caller's group of any family (a mixin of ``HyperCommGrid``)."""
+
+    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.batch)
+
+        def _key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> Any: ...
+        def _node_size_of(self, key: Any, given: object, half: object) -> int | None: ...
 
     def _chunk_dim(self, tensor: torch.Tensor, dims: Dims, dim: int, what: str) -> tuple[int, int]:
         """``(dim, chunk size)`` for splitting ``tensor`` along ``dim`` into one chunk per group member."""
@@ -281,8 +289,16 @@ class Collectives(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         _check_tensor(tensor, "hierarchical_all_reduce")
-        inner = self._member_pg(dims, "hierarchical_all_reduce", within="node", ranks_per_node=ranks_per_node)
-        outer = self._member_pg(dims, "hierarchical_all_reduce", across="node", ranks_per_node=ranks_per_node)
+        what, per_node = "hierarchical_all_reduce", {"ranks_per_node": ranks_per_node}
+        self.pg(dims, across="node", **per_node)  # every rank takes part in both creations before any raises
+        inner = self._member_pg(dims, what, within="node", **per_node)
+        outer = self._member_pg(dims, what, across="node", **per_node)
+        cuts = {half: self._node_size_of(self._key(dims, None, None, *scope), None, "node") for half, scope in _HALVES}
+        if cuts["within"] != cuts["across"]:
+            raise InvalidArgumentError(
+                f"the halves of {dims!r} were cut for different node sizes (within: {cuts['within']} ranks per node, "
+                f"across: {cuts['across']}); destroy() the grid's groups and create both with one ranks_per_node"
+            )
         k, count = dist.get_world_size(inner), tensor.numel()
         flat = tensor.detach().reshape(-1)
         buffer = torch.cat([flat, flat.new_zeros(-count % k)])  # a copy, padded to k equal shards

@@ -146,7 +146,7 @@ class HyperCommGrid(
         # Megatron's key -> the caller's group (None where the caller is in no group); see _pgs.
         self._registry: dict[PgKey, Any] = {}
         # Key -> the layout and dims that enumerate its groups (a hierarchy's half: a finer layout).
-        self._families: dict[PgKey, tuple[GridLayout, tuple[str, ...]]] = {}
+        self._families: dict[PgKey, tuple[GridLayout, tuple[str, ...], int | None]] = {}
         # The root's groups shared by partition, backend, options and tag, held by registry keys.
         self._pool = GroupPool()
         # Creations asked of this grid so far (never reset): part of what the guard compares.
@@ -308,6 +308,7 @@ class HyperCommGrid(
         """
         key = self._key(dims, view, tag, within, across)
         if key in self._pgs:
+            self._node_size_of(key, kwargs.get("ranks_per_node"), within or across)
             return member_or_none(self._pgs[key])
         return self.create_pg(dims, view=view, tag=tag, within=within, across=across, **kwargs)
 
@@ -341,8 +342,8 @@ class HyperCommGrid(
         key = self._key(dims, view, tag, within, across)
         if key not in self._pgs:
             what = f"for {key!r}" if isinstance(key, str) else f"{dims!r}{for_view(key)}"
-            given = {"tag": tag, "within": within, "across": across}
-            call = "create_pg" + "".join(f"(..., {k}={v!r})" for k, v in given.items() if v)
+            given = ", ".join(f"{k}={v!r}" for k, v in {"tag": tag, "within": within, "across": across}.items() if v)
+            call = f"create_pg(..., {given})" if given else "create_pg"
             raise GroupNotFoundError(
                 f"Process group {what} hasn't been created (dims {dims!r}, key {key!r}); created so far: "
                 f"{list(self._pgs)}; call {call} first"

@@ -91,6 +91,8 @@ def node_size(value: int | None) -> int:
             value = int(text)
         except ValueError:
             raise WorldSizeError(f"LOCAL_WORLD_SIZE={text!r} is not an int") from None
+        if value < 1:
+            raise WorldSizeError(f"LOCAL_WORLD_SIZE={text!r} is not a positive int (ranks per node)")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise WorldSizeError(f"ranks_per_node must be a positive int, got {value!r}")
     return value
@@ -120,7 +122,6 @@ def _fresh(name: str, taken: set[str]) -> str:
     return name
 
 
-@lru_cache(maxsize=64)
 def node_split(layout: GridLayout, ranks_per_node: int) -> NodeSplit:
     """Split the dim of ``layout`` that node boundaries cut, so that nodes are blocks of the finer layout.
 
@@ -140,6 +141,11 @@ def node_split(layout: GridLayout, ranks_per_node: int) -> NodeSplit:
     per_node = as_int(ranks_per_node)
     if per_node is None or per_node < 1:
         raise InvalidArgumentError(f"ranks_per_node must be a positive int, got {ranks_per_node!r}")
+    return _node_split(layout, per_node)  # validated first: the cache would take True for 1
+
+
+@lru_cache(maxsize=64)
+def _node_split(layout: GridLayout, per_node: int) -> NodeSplit:
     first, last = layout.rank_offset, layout.rank_offset + layout.size - 1
     if first // per_node == last // per_node:
         per_node = layout.size  # the whole grid sits on one node

@@ -36,7 +36,7 @@ class NodeAwareness(GridFacet):
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
         _root: Any
-        _families: dict[PgKey, tuple[GridLayout, tuple[str, ...]]]
+        _families: dict[PgKey, tuple[GridLayout, tuple[str, ...], int | None]]
 
     def node_report(self, ranks_per_node: int | None = None) -> list[dict[str, Any]]:
         """For each family, how many nodes its groups span (``ranks_per_node`` from ``LOCAL_WORLD_SIZE``).
@@ -163,7 +163,7 @@ class NodeAwareness(GridFacet):
         root = self._root
         families = [
             (guard_key(key), layout.rank_enum_array(dims))
-            for key, (layout, dims) in root._families.items()
+            for key, (layout, dims, _) in root._families.items()
             if key in root._registry
         ]
         report = build_report(

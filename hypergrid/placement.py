@@ -314,7 +314,7 @@ def build_report(
         of_groups = "its only group crosses hosts" if count == 1 else f"{crossing} of its {count} groups {verb} hosts"
         if topology is not None and at is not None and at < len(units):
             unit = topology.unit_ranks[at]
-            if unit > counts.min():  # a unit holds more ranks than a host: it spans hosts
+            if units[at] > counts.max():  # a unit holds more ranks than any host: it spans hosts
                 spanning[at] = (topology.names[at], unit)
             elif crossing:
                 warnings.append(

@@ -110,12 +110,32 @@ def halves_scenarios(strategy: str) -> dict[str, Any]:
     return out
 
 
-def mismatch_scenario() -> str:
-    """Rank 0 believes in nodes of 2, the others in nodes of 4: the guard must catch it on every rank."""
+def mismatch_scenario(strategy: str) -> str:
+    """Rank 0 believes in nodes of 2, the others in nodes of 4: the guard must catch it where it matters."""
     rank = dist.get_rank()
     os.environ["LOCAL_WORLD_SIZE"] = "2" if rank == 0 else "4"
-    grid = HyperCommGrid([2, 2], ["tp", "dp"], guard_timeout_s=60)
-    return _error(lambda: grid.create_pg("dp", across="node"))
+    grid = HyperCommGrid([2, 2], ["tp", "dp"], strategy=strategy, guard_timeout_s=10)
+    return _error(lambda: grid.create_pg("dp", within="node"))
+
+
+def node_size_scenarios() -> dict[str, str]:
+    """A half is cut once: other node sizes later are refused; a sub-grid's outsiders take part, then raise."""
+    rank = dist.get_rank()
+    os.environ["LOCAL_WORLD_SIZE"] = "2"
+    out = {}
+    grid = HyperCommGrid([2, 2], ["tp", "dp"])
+    grid.create_pg("dp", within="node", ranks_per_node=4)
+    out["explicit"] = _error(lambda: grid.hierarchical_all_reduce(torch.ones(3), "dp", ranks_per_node=2))
+    out["pg"] = _error(lambda: grid.pg("dp", within="node", ranks_per_node=2))
+    out["no_half"] = _error(lambda: grid.pg("dp", ranks_per_node=2))
+    out["mixed"] = _error(lambda: grid.hierarchical_all_reduce(torch.ones(3), "dp"))  # across: LOCAL_WORLD_SIZE=2
+    grid.destroy()
+    sub = HyperCommGrid([2, 1], ["tp", "dp"])  # ranks 0-1 of the world of 4
+    value = torch.full((5,), float(rank + 1))
+    out["sub"] = _error(lambda: sub.hierarchical_all_reduce(value, "dp-tp"))
+    out["sub_value"] = str(value.tolist())
+    sub.destroy()
+    return out
 
 
 def placement_scenario(layout_of_hosts: str) -> dict[str, Any]:

@@ -97,11 +97,32 @@ def test_errors_name_the_value(results: list[dict[str, Any]]) -> None:
     assert errors["level"].startswith("InvalidArgumentError") and "'rack'" in errors["level"]
 
 
-def test_ranks_that_disagree_on_the_node_size_all_raise() -> None:
-    outcomes = spawn(hierarchy_workers.mismatch_scenario, 4, timeout_s=120)
-    for outcome in outcomes:
-        assert outcome.startswith("DesyncError"), outcome
-        assert "ranks_per_node" in outcome
+@pytest.mark.parametrize("strategy", ["enumerate", "local"])
+def test_ranks_that_disagree_on_the_node_size_raise(strategy: str) -> None:
+    # [2, 2] (tp, dp) on 4 ranks; rank 0 alone believes in nodes of 2. "enumerate" agrees over the world;
+    # "local" over each unsplit dp group: {0, 2} must raise, {1, 3} agree and go on.
+    outcomes = spawn(hierarchy_workers.mismatch_scenario, 4, (strategy,), timeout_s=120)
+    raising = range(4) if strategy == "enumerate" else (0, 2)
+    for rank, outcome in enumerate(outcomes):
+        if rank in raising:
+            assert outcome.startswith("DesyncError") and "ranks_per_node" in outcome, (rank, outcome)
+        else:
+            assert outcome == "no error", (rank, outcome)
+
+
+def test_a_half_is_cut_once_and_outsiders_take_part() -> None:
+    outcomes = spawn(hierarchy_workers.node_size_scenarios, 4, timeout_s=120)
+    for rank, out in enumerate(outcomes):
+        for case in ("explicit", "pg"):
+            assert out[case].startswith("InvalidArgumentError"), (rank, case, out[case])
+            assert "created with ranks_per_node=4, not 2" in out[case]
+        assert out["no_half"].startswith("UnexpectedArgumentError") and "ranks_per_node=2" in out["no_half"]
+        assert out["mixed"].startswith("InvalidArgumentError") and "within: 4" in out["mixed"]
+        assert "across: 2" in out["mixed"]
+        if rank < 2:  # the sub-grid's ranks: the sum over ranks 0 and 1
+            assert out["sub"] == "no error" and out["sub_value"] == str([3.0] * 5)
+        else:
+            assert out["sub"].startswith("RankError") and out["sub_value"] == str([float(rank + 1)] * 5)
 
 
 HOSTS = {"blocks": lambda rank: rank // 4, "round_robin": lambda rank: rank % 2, "real": lambda rank: 0}
