@@ -59,8 +59,8 @@ class GuardedCreation(GridFacet):
         family = self._family(dims, view)[0]
         return tagged(scoped(family, resolve_scope(within, across)), check_tag(tag))
 
-    def _node_size_of(self, key: PgKey, given: object, half: object) -> int | None:
-        """The node size a created half was cut with; refuses a ``given`` one that differs (or has no half)."""
+    def _node_size_of(self, key: PgKey | None, given: object, half: object) -> int | None:
+        """The node size the half ``key`` was cut with; refuses a ``given`` one that differs or has no ``half``."""
         if given is not None and half is None:
             raise UnexpectedArgumentError(
                 f"ranks_per_node={given!r} without within= or across=; it sets the node size of a hierarchy's half only"
@@ -226,11 +226,7 @@ class GuardedCreation(GridFacet):
         kwargs = dict(kwargs)
         scope = resolve_scope(kwargs.pop("within", None), kwargs.pop("across", None))
         per_node = kwargs.pop("ranks_per_node", None)
-        if scope is None and per_node is not None:
-            raise UnexpectedArgumentError(
-                f"{call} got ranks_per_node={per_node!r} without within= or across=; it sets the node size of a "
-                "hierarchy's half only"
-            )
+        self._node_size_of(None, per_node, scope)  # refuses a node size without a half
         backend, options = family_options(kwargs, self.group_options, self.backend, tag)
         chosen = self.strategy if strategy is None else check_strategy(strategy)
         plans: list[Plan] = []

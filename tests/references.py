@@ -226,3 +226,18 @@ def cart_shift(shape: list[int], rank: int, dim: int, disp: int, periodic: bool)
 def nodes_spanned(groups: list[list[int]], ranks_per_node: int) -> list[int]:
     """How many distinct nodes each group touches (node = rank // ranks_per_node)."""
     return [len({rank // ranks_per_node for rank in group}) for group in groups]
+
+
+def node_halves(group: list[int], per_node: int) -> tuple[list[list[int]], list[list[int]]]:
+    """A group's hierarchy by definition (nodes: ``rank // per_node``), as Megatron's hierarchical groups cut it.
+
+    Within: its members on each node (ascending). Across: for each position, the
+    members at that position among their node's members (only positions every
+    node's part has).
+    """
+    parts: dict[int, list[int]] = {}
+    for rank in sorted(group):
+        parts.setdefault(rank // per_node, []).append(rank)
+    within = list(parts.values())
+    width = min(len(part) for part in within)
+    return within, [[part[index] for part in within] for index in range(width)]

@@ -20,6 +20,7 @@ from hypergrid.errors import InvalidArgumentError, UnexpectedArgumentError, Worl
 from hypergrid.hierarchy import hierarchical_family, node_size, node_split, resolve_scope
 from hypergrid.layout import GridLayout
 from hypergrid.registry import scoped
+from tests.references import node_halves
 
 
 def ref_rank_enum(shape: list[int], names: list[str], dims: list[str], offset: int) -> list[list[int]]:
@@ -32,25 +33,16 @@ def ref_rank_enum(shape: list[int], names: list[str], dims: list[str], offset: i
     return list(by_rest.values())
 
 
-def _parts(group: list[int], per_node: int) -> dict[int, list[int]]:
-    parts: dict[int, list[int]] = {}
-    for rank in sorted(group):
-        parts.setdefault(rank // per_node, []).append(rank)
-    return parts
-
-
 def reference(groups: list[list[int]], per_node: int) -> tuple[set[frozenset[int]], set[frozenset[int]]] | None:
     """(within, across) as sets of rank sets; None where some node parts differ in size (an uneven cut)."""
     within: set[frozenset[int]] = set()
     across: set[frozenset[int]] = set()
     sizes = set()
     for group in groups:
-        parts = _parts(group, per_node)
-        sizes.update(len(part) for part in parts.values())
-        within.update(frozenset(part) for part in parts.values())
-        width = min(len(part) for part in parts.values())
-        for index in range(width):
-            across.add(frozenset(part[index] for part in parts.values()))
+        inner, outer = node_halves(group, per_node)
+        sizes.update(len(part) for part in inner)
+        within.update(frozenset(part) for part in inner)
+        across.update(frozenset(part) for part in outer)
     return (within, across) if len(sizes) == 1 else None
 
 

@@ -13,6 +13,7 @@ import pytest
 from hypergrid import spawn
 from tests import hierarchy_workers
 from tests.hierarchy_workers import FAMILIES
+from tests.references import node_halves
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 WORLD, PER_NODE = 8, 4
@@ -28,12 +29,11 @@ def family(rank: int, dims: list[str]) -> list[int]:
 
 
 def within(rank: int, dims: list[str]) -> list[int]:
-    return [q for q in family(rank, dims) if q // PER_NODE == rank // PER_NODE]
+    return next(part for part in node_halves(family(rank, dims), PER_NODE)[0] if rank in part)
 
 
 def across(rank: int, dims: list[str]) -> list[int]:
-    position = within(rank, dims).index(rank)
-    return [q for q in family(rank, dims) if within(q, dims).index(q) == position]
+    return next(part for part in node_halves(family(rank, dims), PER_NODE)[1] if rank in part)
 
 
 @pytest.fixture(scope="module", params=["enumerate", "local"])

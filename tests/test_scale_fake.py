@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from hypergrid import HyperCommGrid
+from tests.references import node_halves
 
 WORLD = 65_536
 SHAPE = [8, 4, 2, 1024]
@@ -56,11 +57,9 @@ def test_hierarchy_halves_at_scale_hold_the_node_cut_of_the_own_group(rank: int)
     try:
         grid = HyperCommGrid([4, 4, 2, 2048], ["tp", "cp", "pp", "dp"], strategy="local")
         for family in (["dp", "cp"], ["dp", "pp", "cp", "tp"], ["tp"]):
-            parts: dict[int, list[int]] = {}
-            for q in grid.layout.group_ranks(family, rank):  # ascending
-                parts.setdefault(q // 8, []).append(q)
-            node = parts[rank // 8]
-            across = [part[node.index(rank)] for part in parts.values()]
+            inner, outer = node_halves(grid.layout.group_ranks(family, rank), 8)
+            node = next(part for part in inner if rank in part)
+            across = next(part for part in outer if rank in part)
             for half, expected in (("within", node), ("across", across)):
                 group = grid.create_pg(family, ranks_per_node=8, **{half: "node"})
                 assert group is not None
