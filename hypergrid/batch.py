@@ -227,6 +227,8 @@ class GuardedCreation(GridFacet):
         scope = resolve_scope(kwargs.pop("within", None), kwargs.pop("across", None))
         per_node = kwargs.pop("ranks_per_node", None)
         self._node_size_of(None, per_node, scope)  # refuses a node size without a half
+        if scope is not None:
+            per_node = node_size(per_node)  # once per batch (LOCAL_WORLD_SIZE when not given)
         backend, options = family_options(kwargs, self.group_options, self.backend, tag)
         chosen = self.strategy if strategy is None else check_strategy(strategy)
         plans: list[Plan] = []
@@ -237,7 +239,6 @@ class GuardedCreation(GridFacet):
             base = (layout, ordered)
             if scope is not None:
                 family = scoped(family, scope)
-                per_node = node_size(per_node)
                 layout, ordered = hierarchical_family(layout, ordered, scope, per_node)
             key = tagged(family, tag)
             if key in self._pgs:
