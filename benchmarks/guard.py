@@ -11,7 +11,7 @@ store operation is real, so the server (one thread, as in a job) does the work
 it would do for that many ranks; what the simulation saves is only the ranks'
 own processes.
 
-- ``hypergrid``: the shipped protocol, `hypergrid.agreement.Round`, driven step
+- ``hypergrid``: the shipped protocol, `hypergrid.agreement.protocol.Round`, driven step
   by step (``arrive``, ``decide``, ``await_verdict``).
 - ``leader-reads-all``: hypergrid's previous guard, reimplemented here for the
   comparison: every participant writes its request key; the first waits for all
@@ -43,8 +43,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from benchmarks.common import median
-from hypergrid.agreement import Round
-from hypergrid.request import CreationRequest
+from hypergrid.agreement.protocol import Round
+from hypergrid.agreement.request import CreationRequest
 
 IMPLS = ("hypergrid", "leader-reads-all")
 REQUEST = CreationRequest(

@@ -23,14 +23,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return 0 if args else 2
     if args[0] == "show":
-        from hypergrid import cli
+        from hypergrid.cli import show as cli
 
         return cli.show(args[1:])
     if args[0] == "plan":
-        from hypergrid import cli_plan
+        from hypergrid.cli import plan as cli_plan
 
         return cli_plan.main(args[1:])
-    from hypergrid import demo
+    from hypergrid.cli import demo
 
     return demo.main(args[1:])
 

@@ -8,10 +8,10 @@ Examples:
     ('dp', 'tp')
 """
 
+from hypergrid.cluster.spans import Span, family_spans
+from hypergrid.cluster.tiers import PRESETS, Tier, Topology
 from hypergrid.topology.cost import OPS, bus_factor, collective_seconds
 from hypergrid.topology.planner import MAX_PLAN_DIMS, Plan, plan
-from hypergrid.topology.spans import Span, family_spans
-from hypergrid.topology.tiers import PRESETS, Tier, Topology
 from hypergrid.topology.traffic import Traffic, llm_step_traffic
 
 __all__ = [

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from hypergrid.cluster.spans import Span
+from hypergrid.cluster.tiers import Tier, Topology
 from hypergrid.errors import InvalidArgumentError
-from hypergrid.topology.spans import Span
-from hypergrid.topology.tiers import Tier, Topology
 
 __all__ = ["OPS", "bus_factor", "collective_seconds", "steps"]
 
@@ -113,7 +113,7 @@ def collective_seconds(op: str, nbytes: float, span: Span, topology: Topology) -
         InvalidArgumentError: an unknown op, or a span with the wrong number of tiers.
 
     Examples:
-        >>> from hypergrid.topology.spans import family_spans
+        >>> from hypergrid.cluster.spans import family_spans
         >>> topo = Topology.preset("h100_8x")
         >>> span = family_spans([8, 2], ["tp", "dp"], "tp", topo.unit_ranks)
         >>> round(collective_seconds("all_reduce", 370e6, span, topo) * 1e3, 3)  # 14 steps of 3 us + 1.75 ms

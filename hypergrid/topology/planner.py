@@ -7,11 +7,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hypergrid.cluster.spans import span_at
+from hypergrid.cluster.tiers import Topology
 from hypergrid.errors import DimsError, GridSpecError, InvalidArgumentError
 from hypergrid.layout import GridLayout
 from hypergrid.topology.cost import collective_seconds
-from hypergrid.topology.spans import span_at
-from hypergrid.topology.tiers import Topology
 from hypergrid.topology.traffic import Traffic
 from hypergrid.values import is_int
 

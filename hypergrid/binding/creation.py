@@ -1,0 +1,104 @@
+"""Creation strategies: how the process groups of one family come into being.
+
+- ``"enumerate"`` (default): ``torch.distributed.new_subgroups_by_enumeration``.
+  Every rank of the world calls ``new_group`` once per group of the family:
+  O(number of groups) calls per rank.
+- ``"local"``: each member creates only its own group with
+  ``new_group(ranks, use_local_synchronization=True)``; non-members do
+  nothing. One call per rank per family, whatever the world size. Rule: the
+  members of a group must create the same families in the same order, and hold
+  the same number of process groups when they do (torch names such groups from
+  that count; the consistency guard checks it).
+- ``"split"``: ``torch.distributed.split_group`` — one ``ncclCommSplit`` of the
+  default group per family. Needs a default group bound to a device
+  (``init_process_group(..., device_id=...)``) whose backend can split (NCCL);
+  anything else is refused up front with ``BackendError``
+  (gloo cannot split), never a fallback that would silently change the cost.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+from hypergrid.binding.worldstate import PerWorld, held_group_count
+from hypergrid.errors import BackendError, CreationRefusedError, InvalidArgumentError
+
+__all__ = ["STRATEGIES", "check_strategy", "check_can_split", "create_family"]
+
+STRATEGIES = ("enumerate", "local", "split")
+
+# Members-only groups this world has made: (ranks, groups held at the time) -> the torch name.
+_local_names = PerWorld()
+
+
+def check_strategy(strategy: object) -> str:
+    """Validate a strategy name.
+
+    Examples:
+        >>> check_strategy("local")
+        'local'
+    """
+    if strategy not in STRATEGIES:
+        raise InvalidArgumentError(f"strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
+    return str(strategy)
+
+
+def check_can_split(backend: str | None) -> None:
+    """Refuse ``"split"`` where torch cannot split the default group.
+
+    Raises:
+        BackendError: the default group is not bound to a device, its backend
+            cannot split, or ``backend`` asks for another backend than the default's.
+    """
+    default = dist.group.WORLD
+    default_backend = dist.get_backend()
+    if backend is not None and backend != default_backend:
+        raise BackendError(
+            f"strategy 'split' makes groups of the default group's backend {default_backend!r}; "
+            f"it cannot make {backend!r} groups (use strategy 'enumerate' or 'local')"
+        )
+    device = None if default is None else default.bound_device_id
+    if device is None or default_backend != "nccl":
+        bound = "without a bound device" if device is None else f"bound to {device}"
+        raise BackendError(
+            "strategy 'split' needs the default group to be NCCL bound to a device "
+            f"(init_process_group('nccl', device_id=...)); this one is {default_backend!r} {bound}; "
+            "use strategy 'enumerate' or 'local'"
+        )
+
+
+def create_family(
+    strategy: str, rank_enum: list[list[int]] | None, my_ranks: list[int] | None, options: dict[str, Any]
+) -> dist.ProcessGroup | None:
+    """Create one family's groups with ``strategy``; return the caller's group or None.
+
+    ``rank_enum`` (the whole family) is needed by ``enumerate`` and ``split``;
+    ``my_ranks`` (the caller's group, None outside the grid) by ``local``.
+    """
+    if strategy == "local":
+        if my_ranks is None:
+            return None
+        used = _local_names.get()
+        identity = (tuple(my_ranks), held_group_count())
+        if identity in used:
+            raise CreationRefusedError(
+                f"strategy 'local' would create a group over ranks {my_ranks} while this rank holds "
+                f"{identity[1]} process groups, as when it created group {used[identity]!r} over the same "
+                "ranks: torch would give the new group that same name and reuse its rendezvous keys in "
+                "the store, left behind when it was destroyed, so the members would connect to stale "
+                "addresses (connection refused) or hang. Create this family with strategy='enumerate', "
+                "or create it before destroying the earlier group."
+            )
+        group: dist.ProcessGroup = dist.new_group(my_ranks, use_local_synchronization=True, **options)
+        used[identity] = group.group_name
+        return group
+    assert rank_enum is not None
+    if strategy == "split":
+        options = {name: value for name, value in options.items() if name != "backend"}
+        split: dist.ProcessGroup | None = dist.split_group(split_ranks=rank_enum, **options)
+        return split
+    mine: dist.ProcessGroup | None
+    mine, _ = dist.new_subgroups_by_enumeration(rank_enum, **options)  # type: ignore[no-untyped-call]
+    return mine

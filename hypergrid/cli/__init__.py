@@ -1,0 +1,1 @@
+"""The command line: ``python -m hypergrid show|plan|demo`` (``show``, ``plan``, ``demo``)."""

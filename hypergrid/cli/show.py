@@ -1,0 +1,178 @@
+"""``python -m hypergrid show``: a grid's layout, families and node report, without any process group.
+
+    python -m hypergrid show --shape 2,2,2 --dims tp,cp,dp [--offset N] [--ranks-per-node N]
+        [--family dp,cp] [--limit 64] [--json] [--communicators]
+
+Readable for a 16-rank job; summarized (first and last rows, first groups) for
+a large one; ``--json`` gives everything, for tools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from hypergrid.errors import GridSpecError, HyperGridError, InvalidArgumentError
+from hypergrid.layout import GridLayout
+from hypergrid.layout.economy import plan_communicators
+
+__all__ = ["parse_grid_arguments", "show", "main"]
+
+
+def _parse_list(text: str, what: str) -> list[str]:
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise InvalidArgumentError(f"{what} must be a comma-separated list, got {text!r}")
+    return items
+
+
+def parse_grid_arguments(shape_text: str, dims_text: str, offset: int = 0) -> GridLayout:
+    """``"2,2,2"``, ``"tp,cp,dp"`` -> a validated ``GridLayout``.
+
+    Raises:
+        HyperGridError: a bad list, a size that is not an int, or a bad grid.
+
+    Examples:
+        >>> parse_grid_arguments("2,4", "tp,dp")
+        GridLayout(shape=[2, 4], dim_names=['tp', 'dp'], rank_offset=0)
+    """
+    sizes = _parse_list(shape_text, "--shape")
+    try:
+        shape = [int(size) for size in sizes]
+    except ValueError:
+        raise InvalidArgumentError(f"--shape must be comma-separated ints, got {shape_text!r}") from None
+    try:
+        return GridLayout(shape, _parse_list(dims_text, "--dims"), offset)
+    except GridSpecError as error:  # say it in the words the user typed
+        raise GridSpecError(f"--shape {shape_text!r} --dims {dims_text!r}: {error}") from None
+
+
+def _clip(items: list[Any], limit: int) -> list[Any]:
+    """At most ``limit`` items: the first and last halves around an ``"..."``."""
+    if len(items) <= limit:
+        return items
+    half = max(limit // 2, 1)
+    return [*items[:half], "...", *items[-half:]]
+
+
+def describe(layout: GridLayout, families: list[tuple[str, ...]], ranks_per_node: int | None) -> dict[str, Any]:
+    """Everything ``show`` knows, as plain data (the ``--json`` output)."""
+    ranks = range(layout.rank_offset, layout.rank_offset + layout.size)
+    coords = layout.coords_array(list(ranks)).tolist()
+    data: dict[str, Any] = {
+        "shape": list(layout.shape),
+        "dim_names": list(layout.dim_names),
+        "rank_offset": layout.rank_offset,
+        "size": layout.size,
+        "ranks": [{"rank": r, **dict(zip(layout.dim_names, c))} for r, c in zip(ranks, coords)],
+        "families": [
+            {
+                "key": layout.key(family),
+                "group_size": layout.group_size(family),
+                "num_groups": layout.num_groups(family),
+                "groups": layout.rank_enum(family),
+            }
+            for family in families
+        ],
+    }
+    if ranks_per_node is not None:
+        wanted = {layout.key(family) for family in families}
+        data["ranks_per_node"] = ranks_per_node
+        data["nodes"] = [row for row in layout.node_report(ranks_per_node) if row["key"] in wanted]
+    return data
+
+
+def render(data: dict[str, Any], limit: int) -> str:
+    """The ``show`` report as text, clipped to ``limit`` rows / groups per section."""
+    names = data["dim_names"]
+    width = max(4, len(str(data["rank_offset"] + data["size"] - 1)))
+    lines = [
+        f"grid {data['shape']} over {names}: {data['size']} ranks "
+        f"({data['rank_offset']}..{data['rank_offset'] + data['size'] - 1}), {names[0]} innermost",
+        "",
+        f"{'rank':>{width}}  " + "  ".join(f"{name:>4}" for name in names),
+    ]
+    for row in _clip(data["ranks"], limit):
+        if row == "...":
+            lines.append(f"{'...':>{width}}")
+        else:
+            lines.append(f"{row['rank']:>{width}}  " + "  ".join(f"{row[n]:>4}" for n in names))
+    lines += ["", f"{'family':<16} {'groups':>7} {'size':>6}  groups"]
+    for family in data["families"]:
+        groups = " ".join(
+            "..." if group == "..." else "[" + ",".join(map(str, _clip(group, 16))) + "]"
+            for group in _clip(family["groups"], max(limit // 8, 2))
+        )
+        lines.append(f"{family['key']:<16} {family['num_groups']:>7} {family['group_size']:>6}  {groups}")
+    if "nodes" in data:
+        lines += [
+            "",
+            f"nodes of {data['ranks_per_node']} consecutive ranks:",
+            f"{'family':<16} {'nodes/group':>11}  placement",
+        ]
+        for row in data["nodes"]:
+            spread = (
+                f"{row['min_nodes']}"
+                if row["min_nodes"] == row["max_nodes"]
+                else f"{row['min_nodes']}-{row['max_nodes']}"
+            )
+            where = "inside one node" if row["intra_node"] else "crosses nodes"
+            lines.append(f"{row['key']:<16} {spread:>11}  {where}")
+    return "\n".join(lines)
+
+
+def show(argv: Sequence[str] | None = None) -> int:
+    """Run ``show``; exit status 0, or 2 with a friendly message for bad arguments."""
+    parser = argparse.ArgumentParser(prog="python -m hypergrid show", description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", required=True, help="dim sizes, innermost first, e.g. 2,2,2")
+    parser.add_argument("--dims", required=True, help="dim names, innermost first, e.g. tp,cp,dp")
+    parser.add_argument("--offset", default="0", help="the grid's first rank (default 0)")
+    parser.add_argument("--ranks-per-node", help="ranks per node for the node report (default: LOCAL_WORLD_SIZE)")
+    parser.add_argument("--family", help="show one family only: names separated by ',' or a key like dp-cp")
+    parser.add_argument("--limit", default="64", help="rows and groups shown before summarizing (default 64)")
+    parser.add_argument("--json", action="store_true", help="print everything as JSON")
+    parser.add_argument(
+        "--communicators", action="store_true", help="which families share one communicator, and the counts per rank"
+    )
+    args = parser.parse_args(argv)
+    try:
+        offset, limit = _positive(args.offset, "--offset", 0), _positive(args.limit, "--limit", 2)
+        layout = parse_grid_arguments(args.shape, args.dims, offset)
+        per_node_text = args.ranks_per_node or os.environ.get("LOCAL_WORLD_SIZE")
+        per_node = None if per_node_text is None else _positive(per_node_text, "--ranks-per-node", 1)
+        if args.family is None:
+            families = layout.all_families()
+        else:
+            dims = _parse_list(args.family, "--family") if "," in args.family else args.family
+            families = [layout.canonical_dims(dims)]
+        data = describe(layout, families, per_node)
+    except HyperGridError as error:
+        parser.error(str(error))
+    if args.communicators:  # the communicator economy instead of the layout report
+        plan = plan_communicators(layout, families)
+        print(json.dumps(plan.to_dict()) if args.json else plan.render())
+        return 0
+    print(json.dumps(data) if args.json else render(data, limit))
+    return 0
+
+
+def _positive(text: str, what: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise InvalidArgumentError(f"{what} must be an int >= {minimum}, got {text!r}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return show(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""The grid layer: ``HyperCommGrid``, the registry, and the capabilities assembled on it.
+
+``grid`` is the registry (construct, key, create, get, destroy); ``batch``
+orders guarded creation; the facets add getters, views, node awareness,
+DeviceMesh export, shims and shared communicators.
+"""
+
+from hypergrid.grid.grid import HyperCommGrid, world_size_hint
+
+__all__ = ["HyperCommGrid", "world_size_hint"]

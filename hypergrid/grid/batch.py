@@ -1,0 +1,288 @@
+"""Guarded creation: the one guard round behind each ``create_pg`` or ``create_pgs`` call.
+
+``HyperCommGrid`` (the registry) decides what to create; this mixin orders a
+batch of families canonically and runs the consistency guard
+(``hypergrid.agreement.guard``) once for the whole batch, with every family's key and
+options in one request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from hypergrid.agreement.guard import CreationRequest, GuardLedger, agree, members_scope, world_scope
+from hypergrid.binding.creation import check_can_split, check_strategy, create_family
+from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.options import check_tag, describe_options, family_options
+from hypergrid.binding.registry import PgKey, create_uninitialized, for_view, guard_key, member_or_none, scoped, tagged
+from hypergrid.binding.worldstate import held_group_count
+from hypergrid.errors import DimsError, GroupExistsError, InvalidArgumentError, UnexpectedArgumentError
+from hypergrid.layout import Dims, GridLayout
+from hypergrid.layout.hierarchy import hierarchical_family, node_size, resolve_scope
+
+if TYPE_CHECKING:
+    from hypergrid.grid.views import RankView
+
+__all__ = ["GuardedCreation"]
+
+_TIMES = "\u00d7"  # the multiplication sign (U+00D7) between the dims of a grid's short name
+
+#: One family of a batch: its registry key, the layout that enumerates it, its dims in canonical order.
+Plan = tuple[PgKey, GridLayout, tuple[str, ...]]
+
+
+class GuardedCreation(GridFacet):
+    """Batch creation and the guard round of a creation (a mixin of ``HyperCommGrid``)."""
+
+    if TYPE_CHECKING:  # provided by HyperCommGrid
+        guard_progress_s: float
+        _creations: int
+        _guard_ledger: GuardLedger
+
+        group_options: dict[str, Any]
+        _root: Any
+        _view_name: str
+        _families: dict[PgKey, tuple[GridLayout, tuple[str, ...], int | None]]
+
+        @property
+        def _pgs(self) -> dict[PgKey, Any]: ...
+        def _family(self, dims: Dims, view: str | None) -> tuple[PgKey, GridLayout, RankView]: ...
+        def _check_fits(self, world: int | None) -> None: ...
+        def _shared(self, *args: Any) -> tuple[Any, Any]: ...
+        def _keep(self, *args: Any) -> Any: ...
+
+    def _key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> PgKey:
+        """The registry key of a family (or of one half of its hierarchy), with ``tag``."""
+        family = self._family(dims, view)[0]
+        return tagged(scoped(family, resolve_scope(within, across)), check_tag(tag))
+
+    def _node_size_of(self, key: PgKey | None, given: object, half: object) -> int | None:
+        """The node size the half ``key`` was cut with; refuses a ``given`` one that differs or has no ``half``."""
+        if given is not None and half is None:
+            raise UnexpectedArgumentError(
+                f"ranks_per_node={given!r} without within= or across=; it sets the node size of a hierarchy's half only"
+            )
+        stored: int | None = self._root._families.get(key, (None, None, None))[2]
+        if given is not None and stored is not None and node_size(given) != stored:  # type: ignore[arg-type]
+            raise InvalidArgumentError(
+                f"{key!r} was created with ranks_per_node={stored}, not {given!r}: a half is cut once; destroy() "
+                "the grid's groups to cut it again"
+            )
+        return stored
+
+    def _batch(self, dims_list: object, view: str | None) -> list[Dims]:
+        """The families of ``dims_list`` in canonical order (fewest dims first); refuses empty lists and repeats."""
+        if isinstance(dims_list, (str, bytes)) or not isinstance(dims_list, (list, tuple)):
+            raise DimsError(
+                f"create_pgs takes a list of dims (each a dim name, a key like 'dp-tp' or a list of names), "
+                f"got {dims_list!r}"
+            )
+        if not dims_list:
+            raise DimsError("create_pgs needs at least one family, got an empty list")
+        seen: dict[PgKey, Dims] = {}
+        order: dict[PgKey, tuple[int, int]] = {}
+        for dims in dims_list:
+            key, _, spec = self._family(dims, view)
+            if key in seen:
+                raise DimsError(
+                    f"create_pgs got {seen[key]!r} and {dims!r}, which name the same family {key!r}; "
+                    "list each family once"
+                )
+            seen[key] = dims
+            mask = sum(1 << index for index in spec.layout.dim_indices(dims))
+            order[key] = (bin(mask).count("1"), mask)
+        return [seen[key] for key in sorted(seen, key=lambda key: order[key])]
+
+    def _describe(self) -> str:
+        """The grid in a few characters: ``tp2``, ``dp4`` joined by U+00D7 (``name=size`` after a final digit)."""
+        sizes = (
+            f"{name}={size}" if name[-1].isdigit() else f"{name}{size}"
+            for name, size in zip(self.dim_names, self.shape)
+        )
+        text = _TIMES.join(sizes)
+        if self.rank_offset:
+            text += f" from rank {self.rank_offset}"
+        return text if self.backend is None else f"{text} ({self.backend})"
+
+    def _guard_round(
+        self,
+        plans: Sequence[Plan],
+        strategy: str,
+        options: tuple[tuple[str, str], ...],
+        held_groups: int | None,
+        member: int | None,
+    ) -> None:
+        """Count the creation and (guard on) agree on it with the ranks that take part, in one round.
+
+        ``member``: for ``"local"``, the calling rank when it is in the grid
+        (the participants are its group over all the batch's dims of one
+        layout); ``None`` otherwise.
+        """
+        sequence = self._creations
+        self._creations += 1
+        if not self.guard:
+            return
+        options = (*options, ("guard_timeout_s", f"{self.guard_timeout_s:g}"))
+        rounds: list[tuple[Sequence[int], Any, Sequence[Plan]]] = []
+        if strategy == "local":
+            if member is None:
+                return  # outside the grid: this rank creates nothing and takes part in nothing
+            by_layout: dict[int, list[Plan]] = {}
+            for plan in plans:
+                by_layout.setdefault(id(plan[1]), []).append(plan)
+            for same_layout in by_layout.values():
+                dims = sorted({name for _, _, ordered in same_layout for name in ordered})
+                members: Sequence[int] = same_layout[0][1].group_ranks(dims, member)
+                rounds.append((members, members_scope(members), same_layout))
+        else:
+            rounds.append((range(dist.get_world_size()), world_scope(), plans))
+        for participants, scope, batch in rounds:
+            request = CreationRequest(
+                grid=self._describe(),
+                keys=tuple(guard_key(key) for key, _, _ in batch),
+                strategy=strategy,
+                grid_sequence=sequence,
+                held_groups=held_groups,
+                options=options,
+            )
+            agree(request, participants, scope, self.guard_timeout_s, self.guard_progress_s, self._guard_ledger)
+
+    def create_pgs(
+        self,
+        dims_list: Sequence[Dims],
+        *,
+        view: str | None = None,
+        strategy: str | None = None,
+        tag: str | None = None,
+        **kwargs: Any,
+    ) -> dict[PgKey, dist.ProcessGroup | None]:
+        """Create many families in one step, behind ONE guard round; return the caller's group of each.
+
+        Collective like ``create_pg`` (the same ranks take part; with
+        ``"local"``, the members of the caller's group over all the batch's dims
+        together), with the same keyword arguments, applied to every family.
+        The families are created in one canonical order (fewest dims first, as
+        ``layout.all_families()``) whatever order they are listed in, so ranks
+        that list them differently still agree. Everything is checked before
+        anything is created.
+
+        Args:
+            dims_list: the families, each as ``create_pg`` takes dims.
+            view: a registered view's name (default: this grid's).
+            strategy: overrides the grid's for these families.
+            tag: as for ``create_pg``, applied to every family.
+            **kwargs: ``timeout``, ``pg_options``, ``group_desc``, ``backend``, as for ``create_pg``.
+
+        Returns:
+            Canonical key (``key@tag`` when tagged) -> the group holding the
+            calling rank (``None`` outside the grid), in canonical order.
+
+        Raises:
+            DimsError: ``dims_list`` is empty or not a list, an entry names an
+                unknown or repeated dim, or two entries name the same family.
+            GroupExistsError: (a ``KeyError``) a family was already created.
+            DesyncError: (guard on) the participating ranks asked for different things.
+            GuardTimeoutError: (guard on) some participating ranks did not arrive in time.
+            (and every other error of ``create_pg``)
+
+        Examples:
+            >>> import torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1, 1], ["tp", "dp"])
+            >>> groups = grid.create_pgs([["tp", "dp"], "tp", "dp"])
+            >>> list(groups), groups["dp-tp"] is grid.get_pg("tp-dp")
+            (['tp', 'dp', 'dp-tp'], True)
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        ordered = self._batch(dims_list, view)
+        groups = self._create_families(ordered, view, strategy, tag, kwargs, "create_pgs").values()
+        layout = self._family(ordered[0], view)[2].layout
+        scope = resolve_scope(kwargs.get("within"), kwargs.get("across"))
+        return {tagged(scoped(layout.key(dims), scope), check_tag(tag)): group for dims, group in zip(ordered, groups)}
+
+    def _create_families(
+        self,
+        dims_list: Sequence[Dims],
+        view: str | None,
+        strategy: str | None,
+        tag: str | None,
+        kwargs: dict[str, Any],
+        call: str,
+    ) -> dict[PgKey, dist.ProcessGroup | None]:
+        """The steps of create_pg and create_pgs: check everything, one guard round, create in order.
+
+        ``kwargs`` may hold ``within``/``across`` and ``ranks_per_node`` (a
+        hierarchy's half, see ``hypergrid.layout.hierarchy``), then the group options.
+        Returns registry key -> the caller's group, in creation order.
+        """
+        root: GuardedCreation = self._root
+        if root is not self:  # a grid from view(): the root creates (one owner, one guard sequence)
+            return root._create_families(dims_list, view or self._view_name, strategy, tag, kwargs, call)
+        tag = check_tag(tag)
+        kwargs = dict(kwargs)
+        scope = resolve_scope(kwargs.pop("within", None), kwargs.pop("across", None))
+        per_node = kwargs.pop("ranks_per_node", None)
+        self._node_size_of(None, per_node, scope)  # refuses a node size without a half
+        if scope is not None:
+            per_node = node_size(per_node)  # once per batch (LOCAL_WORLD_SIZE when not given)
+        backend, options = family_options(kwargs, self.group_options, self.backend, tag)
+        chosen = self.strategy if strategy is None else check_strategy(strategy)
+        plans: list[Plan] = []
+        guarded: list[Plan] = []  # the unsplit families: "local" agrees over their groups, whatever the node size
+        for dims in dims_list:
+            family, layout, spec = self._family(dims, view)
+            ordered = spec.layout.canonical_dims(dims)
+            base = (layout, ordered)
+            if scope is not None:
+                family = scoped(family, scope)
+                layout, ordered = hierarchical_family(layout, ordered, scope, per_node)
+            key = tagged(family, tag)
+            if key in self._pgs:
+                what = "" if tag is None else f" with tag {tag!r}"
+                raise GroupExistsError(
+                    f"Process group {dims!r}{for_view(key)}{what} has already been created on this grid "
+                    f"(key {key!r}); use get_pg to fetch it, or destroy() the grid's groups first"
+                )
+            plans.append((key, layout, ordered))
+            guarded.append((key, *base))
+        if not (dist.is_available() and dist.is_initialized()):
+            for key, layout, ordered in plans:
+                self._pgs[key] = create_uninitialized(
+                    chosen, layout.rank_enum(ordered), {**options, "backend": backend}
+                )
+            return self._created(plans, per_node)
+        world = dist.get_world_size()
+        self._check_fits(world)
+        if chosen == "split":
+            check_can_split(backend)
+        # Only members-only creation needs the caller's own group: skip that O(group) work otherwise.
+        rank = dist.get_rank()
+        local = chosen == "local" and self.layout.contains(rank)
+        # Only a members-only creation that makes a new group depends on how many groups this rank holds.
+        new = local and any(
+            self._shared(layout, ordered, key, backend, options, tag)[1] is None for key, layout, ordered in plans
+        )
+        described: tuple[tuple[str, str], ...] = (("backend", repr(backend)), ("options", describe_options(options)))
+        if scope is not None:  # ranks that disagree on the node size would build different groups
+            described += (("ranks_per_node", str(per_node)),)
+        self._guard_round(guarded, chosen, described, held_group_count() if new else None, rank if local else None)
+        for key, layout, ordered in plans:
+            my_ranks = layout.group_ranks(ordered, rank) if local else None
+            sharing, shared = self._shared(layout, ordered, key, backend, options, tag)
+
+            def create(layout: GridLayout = layout, ordered: Sequence[str] = ordered, mine: Any = my_ranks) -> Any:
+                rank_enum = None if chosen == "local" else layout.rank_enum(ordered)
+                return create_family(chosen, rank_enum, mine, {**options, "backend": backend})
+
+            self._pgs[key] = self._keep(sharing, shared, key, create, backend, tag, options)
+        return self._created(plans, per_node)
+
+    def _created(self, plans: Sequence[Plan], per_node: int | None) -> dict[PgKey, dist.ProcessGroup | None]:
+        """Remember how each new family enumerates (and a half's node size); the caller's group of each."""
+        for key, layout, ordered in plans:
+            self._families[key] = (layout, ordered, per_node)
+        return {key: member_or_none(self._pgs[key]) for key, _, _ in plans}

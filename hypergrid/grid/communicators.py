@@ -1,0 +1,216 @@
+"""Communicator economy, torch side: the sharing pool and ``communicators()``.
+
+A grid and its views keep one ``GroupPool``. Every family a grid creates is
+*held* under its registry key; the pool maps a sharing key — the family's
+partition signature (``hypergrid.layout.economy``), backend, options description and
+tag — to one process group object and the keys that hold it. Families with the
+same sharing key get the same object; ``destroy`` releases keys, and a group is
+destroyed once, when its last key is released (never the default group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.options import describe_options
+from hypergrid.binding.registry import PgKey, guard_key
+from hypergrid.layout import GridLayout
+from hypergrid.layout.economy import PartitionSignature, partition_signature
+
+__all__ = ["Communicators", "GroupPool", "PoolEntry", "share_key"]
+
+
+@dataclass
+class PoolEntry:
+    """One process group object and what it serves.
+
+    Attributes:
+        group: the caller's group (``None`` or a non-member marker where it holds none).
+        backend: the backend asked for (``None``: the default group's).
+        tag: the communicator tag, or ``None``.
+        options: the options description.
+        holders: who holds the group (a grid and one of its keys), each with the
+            registry key to show for it, in the order they were added.
+    """
+
+    group: Any
+    backend: str | None
+    tag: str | None
+    options: str
+    holders: dict[Hashable, Hashable] = field(default_factory=dict)
+
+
+def _destroyable(group: Any) -> bool:
+    return isinstance(group, dist.ProcessGroup) and group is not dist.GroupMember.WORLD
+
+
+class GroupPool:
+    """Process group objects shared by the families of a grid and its views, reference-counted by key.
+
+    Examples:
+        >>> pool = GroupPool()
+        >>> pool.find("share") is None
+        True
+        >>> entry = pool.add("share", "sentinel", "dp", backend=None, tag=None, options="defaults")
+        >>> pool.hold("share", "cp-dp").group, pool.keys_of("share")
+        ('sentinel', ['dp', 'cp-dp'])
+        >>> pool.release(["dp"]), pool.find("share") is None  # still held by "cp-dp"
+        ([], False)
+        >>> pool.release(["cp-dp"]), pool.find("share") is None  # (a str is no group to destroy)
+        ([], True)
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[Hashable, PoolEntry] = {}
+        self._share_key_of: dict[Hashable, Hashable] = {}
+
+    def find(self, share_key: Hashable) -> PoolEntry | None:
+        """The entry for ``share_key``, if a group was created for it."""
+        return self._entries.get(share_key)
+
+    def add(
+        self,
+        share_key: Hashable,
+        group: Any,
+        holder: Hashable,
+        label: Hashable = None,
+        *,
+        backend: str | None,
+        tag: str | None,
+        options: str,
+    ) -> PoolEntry:
+        """Record a newly created group under ``share_key``, held by ``holder`` (shown as ``label``)."""
+        self._entries[share_key] = PoolEntry(group, backend, tag, options)
+        return self.hold(share_key, holder, label)
+
+    def hold(self, share_key: Hashable, holder: Hashable, label: Hashable = None) -> PoolEntry:
+        """Let ``holder`` use the group of ``share_key``; ``label`` (default: ``holder``) names it in reports."""
+        entry = self._entries[share_key]
+        entry.holders[holder] = holder if label is None else label
+        self._share_key_of[holder] = share_key
+        return entry
+
+    def keys_of(self, share_key: Hashable) -> list[Hashable]:
+        """The labels of the keys the group of ``share_key`` serves, in the order they were added."""
+        return list(self._entries[share_key].holders.values())
+
+    def entries(self) -> list[PoolEntry]:
+        """Every entry, in creation order."""
+        return list(self._entries.values())
+
+    def release(self, holders: Iterable[Hashable]) -> list[Any]:
+        """Drop ``holders``; return the groups no key holds any more (each once, to destroy).
+
+        Never returns the default group, ``None`` or a non-member marker.
+        """
+        freed = []
+        for holder in holders:
+            share_key = self._share_key_of.pop(holder, None)
+            if share_key is None:
+                continue
+            entry = self._entries[share_key]
+            del entry.holders[holder]
+            if not entry.holders:
+                del self._entries[share_key]
+                if _destroyable(entry.group):
+                    freed.append(entry.group)
+        return freed
+
+
+def share_key(
+    signature: PartitionSignature | Hashable, backend: str | None, options: str, tag: str | None
+) -> tuple[Hashable, str | None, str, str | None]:
+    """The pool key: groups share exactly when partition, backend, options and tag are all equal.
+
+    With sharing off, pass a signature unique to the family (its registry key).
+    """
+    return (signature, backend, options, tag)
+
+
+class Communicators(GridFacet):
+    """The report of the communicators a rank holds through a grid (a mixin of ``HyperCommGrid``)."""
+
+    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
+        _root: Communicators
+        _pool: GroupPool
+        share_groups: bool
+
+    def _shared(
+        self,
+        layout: GridLayout,
+        dims: Sequence[str],
+        key: PgKey,
+        backend: str | None,
+        options: dict[str, Any],
+        tag: str | None,
+    ) -> tuple[Hashable, PoolEntry | None]:
+        """The pool key of a family, and the entry of the group already made for it, if any.
+
+        With sharing off, the pool key is the family's registry key: nothing shares.
+        """
+        partition = partition_signature(layout, list(dims)) if self.share_groups else key
+        # group_desc only labels a group: it takes no part in sharing.
+        sharing = share_key(partition, backend, describe_options(options, skip=("group_desc",)), tag)
+        return sharing, self._root._pool.find(sharing)
+
+    def _keep(
+        self,
+        sharing: Hashable,
+        shared: PoolEntry | None,
+        key: PgKey,
+        create: Callable[[], Any],
+        backend: str | None,
+        tag: str | None,
+        options: dict[str, Any],
+    ) -> Any:
+        """The shared group, now held by ``key`` too, or a new one from ``create()``, pooled."""
+        pool = self._root._pool
+        if shared is not None:
+            return pool.hold(sharing, key).group
+        group = create()
+        pool.add(sharing, group, key, backend=backend, tag=tag, options=describe_options(options))
+        return group
+
+    def communicators(self) -> list[dict[str, Any]]:
+        """One entry per distinct process group this rank holds through the grid and its views.
+
+        Tagged groups are included; families whose groups are shared appear
+        once, with every key they serve. Entries come in creation order.
+
+        Returns:
+            Dicts with ``ranks``, ``size``, ``backend``, ``tag``, ``keys`` (the
+            canonical keys served; a view's as ``"view:dims"``) and ``options``
+            (the options description).
+
+        Examples:
+            >>> import torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1, 1], ["tp", "dp"])
+            >>> grid.pg("tp") is grid.pg("dp-tp")
+            True
+            >>> [(c["ranks"], c["keys"]) for c in grid.communicators()]
+            [([0], ['tp', 'dp-tp'])]
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        report = []
+        for entry in self._root._pool.entries():
+            if not isinstance(entry.group, dist.ProcessGroup):
+                continue
+            ranks = dist.get_process_group_ranks(entry.group)
+            report.append(
+                {
+                    "ranks": ranks,
+                    "size": len(ranks),
+                    "backend": str(dist.get_backend(entry.group)),
+                    "tag": entry.tag,
+                    "keys": [guard_key(key) for key in entry.holders.values()],  # type: ignore[arg-type]
+                    "options": entry.options,
+                }
+            )
+        return report

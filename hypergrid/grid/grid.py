@@ -1,0 +1,385 @@
+"""``HyperCommGrid``: the torch.distributed binding over ``GridLayout``.
+
+The API follows Megatron-Core's ``HyperCommGrid``: a grid is planned offline
+(no process group needed), and the process groups of a combination of dims are
+created only when ``HyperCommGrid.create_pg`` is called, collectively over
+the default group, through ``torch.distributed.new_subgroups_by_enumeration``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch.distributed as dist
+
+from hypergrid.agreement.guard import GuardLedger
+from hypergrid.binding.creation import check_strategy
+from hypergrid.binding.options import check_group_options, normalize_backend
+from hypergrid.binding.registry import PgKey, for_view, member_or_none
+from hypergrid.binding.worldstate import world_size_hint
+from hypergrid.errors import (
+    GridTooLargeError,
+    GroupNotFoundError,
+    InvalidArgumentError,
+)
+from hypergrid.grid.batch import GuardedCreation
+from hypergrid.grid.communicators import Communicators, GroupPool
+from hypergrid.grid.getters import CoordinateGetters
+from hypergrid.grid.mesh import MeshExport
+from hypergrid.grid.nodes import NodeAwareness
+from hypergrid.grid.shims import MegatronShims
+from hypergrid.grid.views import BASE_VIEW, RankView, Views
+from hypergrid.layout import Dims, GridLayout, resolve_shape
+from hypergrid.ops.collectives import Collectives
+from hypergrid.ops.pipeline import Pipeline
+from hypergrid.values import check_timeout
+
+__all__ = ["HyperCommGrid", "world_size_hint"]
+
+
+class HyperCommGrid(
+    GuardedCreation,
+    CoordinateGetters,
+    NodeAwareness,
+    Views,
+    MeshExport,
+    Collectives,
+    Pipeline,
+    MegatronShims,
+    Communicators,
+):
+    """An N-dimensional grid of ranks with named dims and lazily created process groups.
+
+    ``dim_names[0]`` is the innermost dim (consecutive ranks), as in
+    Megatron-Core's ``HyperCommGrid`` and its ``order`` strings: the grid
+    ``HyperCommGrid([2, 3, 4, 5], ["tp", "cp", "pp", "dp"])`` lays out ranks as
+    ``initialize_model_parallel(tp=2, cp=3, pp=4, order="tp-cp-pp-dp")`` does at
+    world size 120.
+
+    Constructing a grid creates no process group and needs no initialized
+    ``torch.distributed``. When the world size is known (initialized, or
+    ``WORLD_SIZE`` set), a grid that does not fit in it is refused.
+
+    Args:
+        shape: size of each dim, innermost first; one size may be ``-1``, inferred
+            from the world size (as ezpz infers dp).
+        dim_names: one identifier per dim.
+        rank_offset: first rank of the grid when it does not span the world.
+        backend: backend for the groups this grid creates; ``None`` uses the
+            default group's.
+        strategy: how families are created: ``"enumerate"`` (default, every
+            rank creates every group), ``"local"`` (members create only their
+            own group) or ``"split"`` (NCCL ``split_group``); see
+            ``hypergrid.binding.creation``. ``create_pg`` can override it per call.
+        guard: check, before each creation, that every participating rank asks
+            for the same family of the same grid at the same point (see
+            ``hypergrid.agreement.guard``); a mismatch or a missing rank raises on all
+            of them instead of hanging. On by default.
+        guard_timeout_s: how long the guard waits for the other ranks.
+        guard_progress_s: while the guard waits, a warning on the ``"hypergrid"``
+            logger every this many seconds (the first after
+            ``min(guard_progress_s, guard_timeout_s / 4)``) names how many ranks
+            arrived; silence it with
+            ``logging.getLogger("hypergrid").setLevel(logging.ERROR)``.
+        share_groups: families (of this grid and its views) whose groups have
+            the same members, backend, options and tag share one process group
+            object (see ``communicators()``); ``False`` creates one group per
+            family, as Megatron does.
+        group_options: defaults for every family and view: ``timeout``,
+            ``pg_options``, ``group_desc`` (passed to torch); a ``create_pg``
+            keyword overrides them for one family.
+
+    Raises:
+        GridSpecError: invalid shape, names or offset.
+        GridTooLargeError: (a ``WorldSizeError`` and a ``RuntimeError``, as Megatron
+            raises) ``rank_offset + size`` exceeds the known world size.
+        BackendError: ``backend`` is not None or a backend name.
+        InvalidArgumentError: unknown ``strategy``, a bad ``guard_timeout_s``,
+            ``guard_progress_s`` or ``share_groups``, or a bad value in ``group_options``.
+        UnexpectedArgumentError: an unknown name in ``group_options``.
+
+    Examples:
+        >>> grid = HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"])
+        >>> grid.size
+        8
+        >>> grid.get_rank_enum(["dp", "tp"])
+        [[0, 1, 4, 5], [2, 3, 6, 7]]
+        >>> grid
+        HyperCommGrid(shape=[2, 2, 2], dim_names=['tp', 'cp', 'dp'], rank_offset=0, backend=None, groups=[])
+    """
+
+    def __init__(
+        self,
+        shape: Sequence[int],
+        dim_names: Sequence[str],
+        rank_offset: int = 0,
+        backend: str | None = None,
+        *,
+        strategy: str = "enumerate",
+        guard: bool = True,
+        guard_timeout_s: float = 300.0,
+        guard_progress_s: float = 30.0,
+        share_groups: bool = True,
+        group_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        world = world_size_hint()
+        self.layout = GridLayout(resolve_shape(shape, world, rank_offset), dim_names, rank_offset)
+        self.backend = normalize_backend(backend, "backend")
+        self.strategy = check_strategy(strategy)
+        if not isinstance(guard, bool):
+            raise InvalidArgumentError(f"guard must be True or False, got {guard!r}")
+        self.guard = guard
+        self.guard_timeout_s = check_timeout(guard_timeout_s, "guard_timeout_s")
+        self.guard_progress_s = check_timeout(guard_progress_s, "guard_progress_s")
+        if not isinstance(share_groups, bool):
+            raise InvalidArgumentError(f"share_groups must be True or False, got {share_groups!r}")
+        self.share_groups = share_groups
+        self.group_options = check_group_options(group_options)
+        self._check_fits(world)
+        # The grid whose registry this one uses (itself, except for a grid returned by view()),
+        # and the view it enumerates. The root grid holds every view and every group.
+        self._root: HyperCommGrid = self
+        self._view_name = BASE_VIEW
+        self._views: dict[str, RankView] = {BASE_VIEW: RankView(BASE_VIEW, self.shape, self.dim_names, [], self.layout)}
+        # Megatron's key -> the caller's group (None where the caller is in no group); see _pgs.
+        self._registry: dict[PgKey, Any] = {}
+        # Key -> the layout and dims that enumerate its groups (a hierarchy's half: a finer layout).
+        self._families: dict[PgKey, tuple[GridLayout, tuple[str, ...], int | None]] = {}
+        # The root's groups shared by partition, backend, options and tag, held by registry keys.
+        self._pool = GroupPool()
+        # Creations asked of this grid so far (never reset): part of what the guard compares.
+        self._creations = 0
+        # The guard rounds of this grid whose keys may still be in the store; destroy() deletes them.
+        self._guard_ledger = GuardLedger()
+
+    @property
+    def _pgs(self) -> dict[PgKey, Any]:
+        """The registry, under Megatron-Core's name and keys (``"dp-tp"``, ``("expert", ("ep", "expt_tp"))``).
+
+        Code that reads or replaces ``grid._pgs`` (as Megatron's does) reads or
+        replaces the registry itself; a grid returned by ``view()`` shares its root's.
+        """
+        return self._root._registry
+
+    @_pgs.setter
+    def _pgs(self, value: dict[PgKey, Any]) -> None:
+        self._root._registry = value
+
+    def __repr__(self) -> str:
+        return (
+            f"HyperCommGrid(shape={self.shape}, dim_names={self.dim_names}, "
+            f"rank_offset={self.rank_offset}, backend={self.backend!r}, groups={self.created_keys})"
+        )
+
+    # -- checks -------------------------------------------------------------
+
+    def _check_fits(self, world: int | None) -> None:
+        if world is not None and self.rank_offset + self.size > world:
+            raise GridTooLargeError(
+                f"Grid shape {self.shape} is over sized with world size {world} and rank offset "
+                f"{self.rank_offset}: its {self.size} ranks with rank_offset {self.rank_offset} need ranks up to "
+                f"{self.rank_offset + self.size - 1}, but the world has {world} ranks (0..{world - 1})"
+            )
+
+    # -- groups -------------------------------------------------------------
+
+    def get_rank_enum(self, dims: Dims, *, view: str | None = None) -> list[list[int]]:
+        """The ranks of every group of the family over ``dims`` (pure, no torch call).
+
+        Exactly what ``create_pg`` passes to ``new_subgroups_by_enumeration``;
+        dims in any order give the same result. ``view`` names a registered view
+        (``register_view``); default: this grid's own.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            ViewNotFoundError: (a ``KeyError``) ``view`` is not registered.
+
+        Examples:
+            >>> HyperCommGrid([2, 2, 2], ["a", "b", "c"]).get_rank_enum(["b", "a"])
+            [[0, 1, 2, 3], [4, 5, 6, 7]]
+        """
+        _, _, spec = self._family(dims, view)
+        return spec.layout.rank_enum(dims)
+
+    def create_pg(
+        self,
+        dims: Dims,
+        *,
+        view: str | None = None,
+        strategy: str | None = None,
+        tag: str | None = None,
+        **kwargs: Any,
+    ) -> dist.ProcessGroup | None:
+        """Create the process groups of the family over ``dims``; return the caller's.
+
+        Collective: with strategies ``"enumerate"`` and ``"split"`` every rank
+        of the default group must call it, for the same dims, in the same
+        order; with ``"local"`` the members of each group must. Keyword
+        arguments ``timeout``, ``pg_options`` and ``group_desc`` (default: the
+        grid's ``group_options``) are passed to torch
+        (``new_subgroups_by_enumeration``, ``new_group`` or ``split_group``).
+        ``strategy`` overrides the grid's for this family. ``view`` names a
+        registered view: a family over its shared dims only is the base grid's
+        (created once, under the base key); its other families are its own.
+        With ``share_groups`` on, a family whose groups have the same members,
+        backend, options and tag as one created before gets that group object
+        and creates nothing (``group_desc`` takes no part); the guard checks
+        the request all the same. See ``docs/communicators.md``.
+        ``within="node"`` / ``across="node"`` create one half of the family's
+        hierarchy instead: each group's members on one node, or those with the
+        same position on each node (key ``"dp-tp|within=node"``; nodes of
+        ``ranks_per_node`` ranks, default ``LOCAL_WORLD_SIZE``; see
+        ``hypergrid.layout.hierarchy`` and ``docs/hierarchy.md``).
+
+        Args:
+            dims: the family's dims, in any order.
+            view: a registered view's name (default: this grid's).
+            strategy: how to create it (default: the grid's).
+            tag: a short identifier for a separate communicator over the same
+                family; it never shares with an untagged group.
+            **kwargs: ``timeout``, ``pg_options``, ``group_desc``; ``backend``,
+                which must agree with the grid's unless ``tag`` is given;
+                ``within``/``across`` and ``ranks_per_node`` (above).
+
+        Returns:
+            The group holding the calling rank, or ``None`` on ranks outside the grid.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            GroupExistsError: (a ``KeyError``) this family (with this tag) was already created.
+            ViewNotFoundError: (a ``KeyError``) ``view`` is not registered.
+            UnexpectedArgumentError: an unknown keyword argument.
+            BackendError: ``backend`` conflicts with the grid's on an untagged
+                family, or ``"split"`` where the default group cannot split.
+            InvalidArgumentError: unknown ``strategy``, a bad ``tag`` or option value.
+            NotInitializedError: torch.distributed is not initialized.
+            GridTooLargeError: the grid does not fit in the world.
+            DesyncError: (guard on) the participating ranks asked for different things.
+            GuardTimeoutError: (guard on) some participating ranks did not arrive in time.
+
+        Examples:
+            A one-rank world, so that it runs anywhere:
+
+            >>> import torch.distributed as dist
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1, 1], ["tp", "dp"])
+            >>> group = grid.create_pg(["dp", "tp"], group_desc="TP_DP")
+            >>> dist.get_process_group_ranks(group), group.group_desc, grid.created_keys
+            ([0], 'TP_DP', ['dp-tp'])
+            >>> grid.get_pg("tp-dp") is group, grid.create_pg("dp") is group, grid.create_pg("dp", tag="ag") is group
+            (True, True, False)
+            >>> grid.created_keys
+            ['dp-tp', 'dp', 'dp@ag']
+            >>> grid.destroy()
+            >>> dist.destroy_process_group()
+        """
+        return next(iter(self._create_families([dims], view, strategy, tag, kwargs, "create_pg").values()))
+
+    def pg(
+        self,
+        dims: Dims,
+        *,
+        view: str | None = None,
+        tag: str | None = None,
+        within: str | None = None,
+        across: str | None = None,
+        **kwargs: Any,
+    ) -> dist.ProcessGroup | None:
+        """The caller's group over ``dims`` (with ``tag``, if given), created on first use.
+
+        **Collective on first use** (it calls ``create_pg``, with the same
+        rules): every rank that takes part must call it for the same dims in the
+        same order. With the guard on (the default) a rank that asks for
+        something else makes every participant raise ``DesyncError`` instead of
+        hanging. Later calls are local lookups; keyword arguments are used only
+        on the creating call. ``view``, ``within`` and ``across`` as in ``create_pg``.
+
+        Examples:
+            >>> import torch.distributed as dist
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1], ["dp"])
+            >>> grid.pg("dp") is grid.pg("dp") is grid.get_pg("dp")
+            True
+            >>> grid.pg("dp", tag="ag") is grid.get_pg("dp", tag="ag")
+            True
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        key = self._key(dims, view, tag, within, across)
+        if key in self._pgs:
+            self._node_size_of(key, kwargs.get("ranks_per_node"), within or across)
+            return member_or_none(self._pgs[key])
+        return self.create_pg(dims, view=view, tag=tag, within=within, across=across, **kwargs)
+
+    def get_pg(
+        self,
+        dims: Dims,
+        *,
+        view: str | None = None,
+        tag: str | None = None,
+        within: str | None = None,
+        across: str | None = None,
+    ) -> dist.ProcessGroup | None:
+        """The caller's group of an already created family (a local lookup), with ``tag`` if given.
+
+        Returns ``None`` on ranks outside the grid (also where the registry holds
+        torch's ``GroupMember.NON_GROUP_MEMBER``). ``view``, ``within`` and
+        ``across`` as in ``create_pg``.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            GroupNotFoundError: (a ``KeyError``) the family (with this tag) was not created yet.
+            ViewNotFoundError: (a ``KeyError``) ``view`` is not registered.
+            InvalidArgumentError: a bad ``tag``, ``within`` or ``across``.
+
+        Examples:
+            >>> HyperCommGrid([2, 2], ["tp", "dp"]).get_pg("tp")  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+              ...
+            hypergrid.errors.GroupNotFoundError: Process group for 'tp' hasn't been created ...
+        """
+        key = self._key(dims, view, tag, within, across)
+        if key not in self._pgs:
+            what = f"for {key!r}" if isinstance(key, str) else f"{dims!r}{for_view(key)}"
+            given = ", ".join(f"{k}={v!r}" for k, v in {"tag": tag, "within": within, "across": across}.items() if v)
+            call = f"create_pg(..., {given})" if given else "create_pg"
+            raise GroupNotFoundError(
+                f"Process group {what} hasn't been created (dims {dims!r}, key {key!r}); created so far: "
+                f"{list(self._pgs)}; call {call} first"
+            )
+        return member_or_none(self._pgs[key])
+
+    @property
+    def created_keys(self) -> list[PgKey]:
+        """Registry keys of the families created so far, in creation order (``key@tag`` when tagged).
+
+        For a grid returned by ``view()``: its own families, as canonical
+        strings of its dims (shared families included).
+        """
+        return self._view_keys(own_only=False)
+
+    def destroy(self) -> None:
+        """Release this grid's families on the calling rank; destroy the groups nothing else holds.
+
+        Only groups that hold the caller are destroyed, each once: a group
+        shared by several families (or keys) when the last of them is released;
+        never torch's ``NON_GROUP_MEMBER`` or the default group. On the root
+        grid: every family of every view. On a grid returned by ``view()``:
+        only that view's own families (the groups it shares with its root stay).
+        Groups that torch has already destroyed (for instance by
+        ``destroy_process_group()`` of the default group) are skipped.
+        Idempotent; the grid can create its families again afterwards.
+        """
+        self._guard_ledger.release()
+        mine = self._view_keys(own_only=True)
+        for key in mine:
+            del self._pgs[key]
+        # Groups made before init_process_group (never pooled) need no destroy: there was no world.
+        freed = self._root._pool.release(mine)
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        for group in freed:
+            # ValueError: torch no longer knows this group; it was destroyed elsewhere.
+            with contextlib.suppress(ValueError):
+                dist.destroy_process_group(group)

@@ -1,0 +1,297 @@
+"""Views: other factorizations of a grid's ranks (MoE parallel folding), sharing groups over shared dims.
+
+One implementation serves both APIs: Megatron-Core's ``register_view(name, ...)``
+with ``view=`` on every lookup, and hypergrid's ``view(...)``, which registers a
+view the same way and returns a grid bound to it. Every view lives in the root
+grid's ``_views``; every group lives in the root grid's ``_pgs`` under
+Megatron's keys: a dash-joined canonical string for the base view (and for a
+view's family over shared dims only, which *is* the base group), and
+``(view_name, dims_tuple)`` for a view's private families.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, tagged, untagged
+from hypergrid.errors import DimsError, GridSpecError, ViewNotFoundError
+from hypergrid.layout import KEY_SEPARATOR, Dims, GridLayout
+from hypergrid.values import as_int, is_int
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["BASE_VIEW", "RankView", "Views"]
+
+#: Name of the factorization a grid is constructed with (Megatron's name for it).
+BASE_VIEW = "base"
+
+
+@dataclass
+class RankView:
+    """A named factorization of the grid's ranks (Megatron's view record: name, shape, dim_names, shared_dims)."""
+
+    name: str
+    shape: list[int]
+    dim_names: list[str]
+    shared_dims: list[str]
+    layout: GridLayout = field(repr=False, compare=False)
+
+
+def _names_of(dims: Dims) -> list[object]:
+    if isinstance(dims, str):
+        return list(dims.split(KEY_SEPARATOR))
+    if isinstance(dims, (list, tuple)):
+        return list(dims)
+    return [dims]
+
+
+def _check_sequences(shape: object, dim_names: object, shared_dims: object) -> None:
+    for what, value in (("shape", shape), ("dim_names", dim_names), ("shared_dims", shared_dims)):
+        if value is None and what == "shared_dims":
+            continue
+        if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+            raise GridSpecError(f"a view's {what} must be a list or tuple, got {value!r}")
+
+
+def _check_view_spec(root: Views, name: object, shape: Sequence[int], dim_names: Sequence[str]) -> None:
+    if not isinstance(name, str) or not name:
+        raise GridSpecError(f"a view name must be a non-empty str, got {name!r}")
+    if name in root._views:
+        raise GridSpecError(f"View {name!r} is already registered; registered views: {sorted(root._views)}")
+    if len(shape) != len(dim_names):
+        raise GridSpecError(
+            f"len(shape) {list(shape)} != len(dim_names) {list(dim_names)} for view {name!r}: give one name per dim"
+        )
+    if any(not isinstance(dim, str) for dim in dim_names):
+        raise GridSpecError(f"View {name!r} dim_names must be str, got {list(dim_names)!r}")
+    if len(set(dim_names)) != len(dim_names):
+        repeated = sorted({n for n in dim_names if list(dim_names).count(n) > 1})
+        raise GridSpecError(f"View {name!r} has duplicate dim_names: {list(dim_names)} repeat {repeated}")
+    if any(not is_int(size) or size < 1 for size in shape):
+        raise GridSpecError(f"View {name!r} shape must be positive ints, got {list(shape)}")
+    size = math.prod(int(s) for s in shape)
+    if size != root.size:
+        raise GridSpecError(
+            f"View {name!r} shape {list(shape)} has size {size}, but the grid size is {root.size}: "
+            f"a view must cover the same {root.size} ranks as the grid {root.shape}"
+        )
+
+
+def _check_shared(root: Views, name: str, layout: GridLayout, shared: list[str]) -> None:
+    if len(set(shared)) != len(shared):
+        raise GridSpecError(f"View {name!r} has duplicate shared_dims: {shared}")
+    base = root.layout
+    for dim in shared:
+        if dim not in base.dim_names:
+            raise GridSpecError(f"Shared dim {dim!r} of view {name!r} is not in the base view {list(base.dim_names)}")
+        if dim not in layout.dim_names:
+            raise GridSpecError(
+                f"Shared dim {dim!r} of view {name!r} is not in the view's dim_names {list(layout.dim_names)}"
+            )
+    # Each shared dim alone, then all together: the groups (as sets of ranks) must be the same.
+    combos = [[dim] for dim in shared] + ([shared] if len(shared) > 1 else [])
+    for combo in combos:
+        ours, theirs = sorted(base.rank_enum(combo)), sorted(layout.rank_enum(combo))
+        if ours != theirs:
+            what = f"Shared dim {combo[0]!r} has" if len(combo) == 1 else f"Shared dims {combo!r} have"
+            raise GridSpecError(
+                f"{what} different membership across views: base view {root.shape} {root.dim_names} "
+                f"enumerates {base.rank_enum(combo)[:4]}..., view {name!r} {list(layout.shape)} "
+                f"{list(layout.dim_names)} enumerates {layout.rank_enum(combo)[:4]}..."
+            )
+
+
+class Views(GridFacet):
+    """Other factorizations of the grid's ranks (a mixin of ``HyperCommGrid``)."""
+
+    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid.grid)
+        _root: Self
+        _registry: dict[PgKey, object]
+        _view_name: str
+        _views: dict[str, RankView]
+        share_groups: bool
+        group_options: dict[str, Any]
+
+        def __init__(
+            self,
+            shape: Sequence[int],
+            dim_names: Sequence[str],
+            rank_offset: int = 0,
+            backend: str | None = None,
+            **settings: Any,
+        ) -> None: ...
+
+    def register_view(
+        self, name: str, shape: Sequence[int], dim_names: Sequence[str], shared_dims: Sequence[str] | None = None
+    ) -> None:
+        """Register another factorization of this grid's ranks under ``name`` (Megatron-Core's API).
+
+        Families of the view are then created and looked up on this grid with
+        ``view=name``. A family over ``shared_dims`` only is the base grid's own
+        group (same object, one key, destroyed once); other families of the view
+        are its own, keyed ``(name, dims)``.
+
+        Args:
+            name: the view's name (not ``"base"``, not already registered).
+            shape: size of each of the view's dims, innermost first; covers the grid's ranks.
+            dim_names: the view's dim names.
+            shared_dims: dims of both the grid and the view whose groups are the
+                same in both (default: none, as in Megatron).
+
+        Raises:
+            GridSpecError: (a ``ValueError``) the name is taken, lengths differ,
+                names repeat, a size is not a positive int, the size differs, a
+                shared dim repeats, is missing from either side, or has
+                different membership across views.
+
+        Examples:
+            >>> from hypergrid import HyperCommGrid
+            >>> grid = HyperCommGrid([2, 2, 2], ["tp", "dp", "pp"])
+            >>> grid.register_view("expert", [2, 2, 2], ["expt_tp", "ep", "pp"], shared_dims=["pp"])
+            >>> grid.get_rank_enum(["ep", "expt_tp"], view="expert")
+            [[0, 1, 2, 3], [4, 5, 6, 7]]
+        """
+        root = self._root
+        _check_sequences(shape, dim_names, shared_dims)
+        _check_view_spec(root, name, shape, dim_names)
+        layout = GridLayout([int(s) for s in shape], dim_names, root.rank_offset)
+        shared = [] if shared_dims is None else list(shared_dims)
+        _check_shared(root, name, layout, shared)
+        root._views[name] = RankView(name, list(layout.shape), list(dim_names), shared, layout)
+
+    def view(
+        self,
+        shape: Sequence[int],
+        dim_names: Sequence[str],
+        shared_dims: Sequence[str] | None = None,
+        *,
+        name: str | None = None,
+    ) -> Self:
+        """Another factorization of the same ranks (MoE parallel folding), as a grid of its own.
+
+        Registers the view on the root grid (``register_view``) and returns a
+        grid bound to it: its ``create_pg``/``pg``/``get_pg`` and getters work on
+        the view's dims, its groups live in the root grid's registry. One size of
+        ``shape`` may be ``-1``, inferred from the grid's size. ``shared_dims``
+        defaults to the names the two have in common. Asking again for the same
+        view returns a grid bound to the same registration.
+
+        Args:
+            shape: size of each of the view's dims, innermost first (one may be -1).
+            dim_names: the view's dim names.
+            shared_dims: dims whose groups are the grid's (default: the common names).
+            name: the registered name (default: built from the names and sizes).
+
+        Raises:
+            GridSpecError: as ``register_view``, or a name already registered
+                for another factorization.
+
+        Examples:
+            >>> from hypergrid import HyperCommGrid
+            >>> dense = HyperCommGrid([2, 2, 2], ["tp", "dp", "pp"])
+            >>> expert = dense.view([4, -1, 2], ["ep", "edp", "pp"])
+            >>> expert.shape, expert.shared_dims, expert.get_rank_enum("ep")
+            ([4, 1, 2], ('pp',), [[0, 1, 2, 3], [4, 5, 6, 7]])
+        """
+        root = self._root
+        _check_sequences(shape, dim_names, shared_dims)
+        sizes = self._resolve_view_shape(shape)
+        common = [dim for dim in dim_names if dim in root.dim_names]
+        shared = common if shared_dims is None else list(shared_dims)
+        if name is None:
+            name = "view:" + "-".join(f"{dim}{size}" for dim, size in zip(dim_names, sizes)) + f" shared:{shared}"
+        known = root._views.get(name)
+        if known is None or (known.shape, known.dim_names, known.shared_dims) != (sizes, list(dim_names), shared):
+            root.register_view(name, sizes, dim_names, shared)
+        return root._bound_view(name)
+
+    def _resolve_view_shape(self, shape: Sequence[int]) -> list[int]:
+        sizes = list(shape)
+        wild = [i for i, size in enumerate(sizes) if as_int(size) == -1]
+        if len(wild) > 1:
+            raise GridSpecError(f"view shape {sizes} has {len(wild)} sizes of -1; at most one can be inferred")
+        if wild:
+            known = math.prod(int(s) for i, s in enumerate(sizes) if i != wild[0] and is_int(s) and s > 0)
+            if self._root.size % known:
+                raise GridSpecError(
+                    f"cannot infer the -1 in view shape {sizes}: the grid's {self._root.size} ranks are not a "
+                    f"multiple of the other sizes' product {known}"
+                )
+            sizes[wild[0]] = self._root.size // known
+        return sizes
+
+    @property
+    def shared_dims(self) -> tuple[str, ...]:
+        """The dims whose groups this grid takes from its root grid (empty for a root grid)."""
+        return tuple(self._root._views[self._view_name].shared_dims)
+
+    # -- registry keys --------------------------------------------------------
+
+    def _rank_view(self, view: str | None) -> RankView:
+        name = self._view_name if view is None else view
+        views = self._root._views
+        if name not in views:
+            raise ViewNotFoundError(f"View {name!r} is not registered. Registered views: {sorted(views)}")
+        return views[name]
+
+    def _family(self, dims: Dims, view: str | None) -> tuple[PgKey, GridLayout, RankView]:
+        """The registry key of a family, the layout that enumerates it, and its view."""
+        spec = self._rank_view(view)
+        for dim in _names_of(dims):
+            if isinstance(dim, str) and dim and dim not in spec.dim_names:
+                raise DimsError(
+                    f"{dim!r} is not in view {spec.name!r} with dim_names {spec.dim_names} (in dims {dims!r})"
+                )
+        ordered = spec.layout.canonical_dims(dims)
+        if spec.name == BASE_VIEW:
+            return KEY_SEPARATOR.join(ordered), spec.layout, spec
+        if set(ordered) <= set(spec.shared_dims):
+            base = self._root.layout
+            return base.key(list(ordered)), base, spec
+        return (spec.name, ordered), spec.layout, spec
+
+    def _view_keys(self, own_only: bool) -> list[PgKey]:
+        """Registry keys of this grid's families: all of them on a root grid.
+
+        On a grid returned by ``view()``: with ``own_only``, the registry keys of
+        its private families (what its ``destroy`` may tear down); otherwise its
+        created families as canonical strings of its dims, shared ones included.
+        """
+        registry = self._root._registry
+        if self._root is self:
+            return list(registry)
+        shared = set(self.shared_dims)
+        keys: list[PgKey] = []
+        for key in registry:
+            family, tag = untagged(key)
+            if isinstance(family, tuple) and family[0] == self._view_name:
+                keys.append(key if own_only else tagged(KEY_SEPARATOR.join(family[1]), tag))
+            elif not own_only and isinstance(family, str):
+                base, separator, half = family.partition(SCOPE_SEPARATOR)  # "dp|within=node": a hierarchy's half
+                if set(base.split(KEY_SEPARATOR)) <= shared:
+                    keys.append(tagged(self.layout.key(base) + separator + half, tag))
+        return keys
+
+    def _bound_view(self, name: str) -> Self:
+        root = self._root
+        spec = root._views[name]
+        bound = type(root)(
+            spec.shape,
+            spec.dim_names,
+            root.rank_offset,
+            root.backend,
+            strategy=root.strategy,
+            guard=root.guard,
+            guard_timeout_s=root.guard_timeout_s,
+            share_groups=root.share_groups,
+            group_options=root.group_options,
+        )
+        bound._root, bound._view_name = root, name
+        return bound

@@ -1,0 +1,310 @@
+"""Collectives on a family: all-reduce, all-gather, reduce-scatter, broadcast and barrier over any dims.
+
+Each method runs on the caller's group over ``dims``, fetched through the
+grid's lazy accessor ``pg(dims)``: the family is created on first use, so
+the first call is also a collective creation (every rank that takes part in
+creation calls it, for the same dims, in the same order; the guard checks
+that). A rank outside the grid takes part in that creation, then raises
+``RankError``: torch reads a missing group as the whole world, so hypergrid
+never hands one on.
+
+Chunks and concatenations follow the family's group order: group rank ``i``
+is the ``i``-th rank of ``grid.group_ranks(dims)`` (ascending global ranks).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from hypergrid.binding.facet import GridFacet
+from hypergrid.errors import InvalidArgumentError
+from hypergrid.layout import Dims
+from hypergrid.values import as_int, is_int
+
+__all__ = ["Collectives"]
+
+#: The two halves of a hierarchy as ``(within, across)`` arguments.
+_HALVES = (("within", ("node", None)), ("across", (None, "node")))
+
+# torch 2.13 renamed the single-tensor collectives; older releases (>= 2.4) have only the old names.
+_all_gather_single: Any = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single: Any = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def tensor_dim(tensor: object, dim: object, what: str) -> int:
+    """``dim`` of ``tensor`` as a non-negative index, checked.
+
+    Raises:
+        InvalidArgumentError: ``tensor`` is not a tensor with at least one dim,
+            or ``dim`` is not an int in ``-ndim .. ndim-1``.
+
+    Examples:
+        >>> tensor_dim(torch.zeros(2, 3), -1, "all_gather")
+        1
+    """
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+        raise InvalidArgumentError(f"{what} needs a tensor with at least one dim, got {tensor!r}")
+    ndim = tensor.dim()
+    index = as_int(dim)
+    if index is None or not -ndim <= index < ndim:
+        raise InvalidArgumentError(
+            f"{what}: dim={dim!r} is not a dim of a tensor of shape {list(tensor.shape)} "
+            f"(expected an int in {-ndim}..{ndim - 1})"
+        )
+    return index % ndim
+
+
+def _check_tensor(tensor: object, what: str) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidArgumentError(f"{what} needs a torch.Tensor, got {tensor!r}")
+    return tensor
+
+
+class Collectives(GridFacet):
+    """Collectives on the caller's group of any family (a mixin of ``HyperCommGrid``)."""
+
+    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid.batch)
+
+        def _key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> Any: ...
+        def _node_size_of(self, key: Any, given: object, half: object) -> int | None: ...
+
+    def _chunk_dim(self, tensor: torch.Tensor, dims: Dims, dim: int, what: str) -> tuple[int, int]:
+        """``(dim, chunk size)`` for splitting ``tensor`` along ``dim`` into one chunk per group member."""
+        index = tensor_dim(tensor, dim, what)
+        members = self.layout.group_size(dims)
+        size = tensor.shape[index]
+        if size % members:
+            raise InvalidArgumentError(
+                f"{what} over dims {dims!r}: dim {dim} of a tensor of shape {list(tensor.shape)} has size {size}, "
+                f"which does not divide into {members} equal chunks (the group size)"
+            )
+        return index, size // members
+
+    def own_chunk(self, tensor: torch.Tensor, dims: Dims, dim: int = 0) -> torch.Tensor:
+        """The caller's chunk of ``tensor`` split along ``dim`` in the family's group order (no communication).
+
+        The chunk is a view; it is what ``reduce_scatter`` leaves on this rank,
+        before the reduction.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            InvalidArgumentError: a bad ``dim``, or a size along it that the group size does not divide.
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch, torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> HyperCommGrid([1, 1], ["tp", "dp"]).own_chunk(torch.arange(4), "tp").tolist()
+            [0, 1, 2, 3]
+            >>> dist.destroy_process_group()
+        """
+        index, chunk = self._chunk_dim(tensor, dims, dim, "own_chunk")
+        position = self.layout.group_ranks(dims, self._rank(None)).index(self._rank(None))
+        return tensor.narrow(index, position * chunk, chunk)
+
+    def all_reduce(
+        self, tensor: torch.Tensor, dims: Dims, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False
+    ) -> dist.Work | None:
+        """Reduce ``tensor`` in place over the caller's group of the family over ``dims``.
+
+        Args:
+            tensor: the tensor, reduced in place.
+            dims: the family (a name, a key like ``"dp-tp"``, or a list of names).
+            op: the reduction (``torch.distributed.ReduceOp``).
+            async_op: return torch's work handle instead of waiting.
+
+        Returns:
+            The work handle with ``async_op=True``, else ``None``.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            InvalidArgumentError: ``tensor`` is not a tensor.
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch, torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid, x = HyperCommGrid([1, 1], ["tp", "dp"]), torch.ones(2)
+            >>> grid.all_reduce(x, "dp-tp"); x.tolist()
+            [1.0, 1.0]
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        _check_tensor(tensor, "all_reduce")
+        group = self._member_pg(dims, "all_reduce")
+        work: dist.Work | None = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+        return work
+
+    def all_gather(self, tensor: torch.Tensor, dims: Dims, dim: int = 0) -> torch.Tensor:
+        """The members' ``tensor``s concatenated along ``dim`` in the family's group order.
+
+        Every member passes a tensor of the same shape; the result's size along
+        ``dim`` is the group size times the input's.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            InvalidArgumentError: not a tensor, or a bad ``dim``.
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch, torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1], ["tp"])
+            >>> grid.all_gather(torch.ones(2, 3), "tp", dim=1).shape
+            torch.Size([2, 3])
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        index = tensor_dim(tensor, dim, "all_gather")
+        group = self._member_pg(dims, "all_gather")
+        moved = tensor.movedim(index, 0).contiguous()
+        out = moved.new_empty((self.layout.group_size(dims) * moved.shape[0], *moved.shape[1:]))
+        _all_gather_single(out, moved, group=group)
+        return out.movedim(0, index).contiguous()
+
+    def reduce_scatter(
+        self, tensor: torch.Tensor, dims: Dims, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, dim: int = 0
+    ) -> torch.Tensor:
+        """Reduce ``tensor`` over the group and return the caller's chunk along ``dim`` (group order).
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            InvalidArgumentError: not a tensor, a bad ``dim``, or a size along
+                ``dim`` that the group size does not divide.
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch, torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1], ["tp"])
+            >>> grid.reduce_scatter(torch.arange(4.0), "tp").tolist()
+            [0.0, 1.0, 2.0, 3.0]
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        index, chunk = self._chunk_dim(tensor, dims, dim, "reduce_scatter")
+        group = self._member_pg(dims, "reduce_scatter")
+        moved = tensor.movedim(index, 0).contiguous()
+        out = moved.new_empty((chunk, *moved.shape[1:]))
+        _reduce_scatter_single(out, moved, op=op, group=group)
+        return out.movedim(0, index).contiguous()
+
+    def broadcast(
+        self, tensor: torch.Tensor, dims: Dims, group_src: int = 0, async_op: bool = False
+    ) -> dist.Work | None:
+        """Broadcast ``tensor`` in place from group rank ``group_src`` of the caller's group over ``dims``.
+
+        ``group_src`` is a position in the family's group order (0 is
+        ``grid.src_rank(dims)``); it is turned into the global rank torch expects.
+
+        Returns:
+            The work handle with ``async_op=True``, else ``None``.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            InvalidArgumentError: not a tensor, or ``group_src`` not in ``0 .. group_size-1``.
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch, torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1], ["tp"])
+            >>> grid.broadcast(torch.ones(1), "tp", group_src=1)  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+              ...
+            hypergrid.errors.InvalidArgumentError: broadcast over dims 'tp': group_src=1 is not a rank ...
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        _check_tensor(tensor, "broadcast")
+        members = self.layout.group_size(dims)
+        if not is_int(group_src) or not 0 <= group_src < members:
+            raise InvalidArgumentError(
+                f"broadcast over dims {dims!r}: group_src={group_src!r} is not a rank of the group "
+                f"(expected an int in 0..{members - 1})"
+            )
+        group = self._member_pg(dims, "broadcast")
+        src = self.layout.group_ranks(dims, dist.get_rank())[group_src]
+        work: dist.Work | None = dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+        return work
+
+    def barrier(self, dims: Dims, async_op: bool = False) -> dist.Work | None:
+        """Wait until every member of the caller's group over ``dims`` reaches it.
+
+        Returns:
+            The work handle with ``async_op=True``, else ``None``.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1], ["tp"])
+            >>> grid.barrier("tp")
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        group = self._member_pg(dims, "barrier")
+        work: dist.Work | None = dist.barrier(group=group, async_op=async_op)
+        return work
+
+    def hierarchical_all_reduce(
+        self,
+        tensor: torch.Tensor,
+        dims: Dims,
+        op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+        ranks_per_node: int | None = None,
+    ) -> None:
+        """All-reduce ``tensor`` in place over the family in three steps: inside nodes, across, inside again.
+
+        Reduce-scatter over the family's members on this node
+        (``within="node"``), all-reduce each shard across nodes
+        (``across="node"``), all-gather inside the node: the result equals
+        ``all_reduce`` over ``dims`` (up to floating-point order), while only
+        ``1/k`` of the bytes (``k`` members per node) cross the network. Both
+        halves are created on first use (collective then; see
+        ``docs/hierarchy.md``); nodes are ``ranks_per_node`` consecutive ranks,
+        default ``LOCAL_WORLD_SIZE``. Any size works (the shards are padded);
+        the tensor may be non-contiguous.
+
+        Raises:
+            DimsError: unknown, repeated or no dims.
+            InvalidArgumentError: not a tensor, or nodes that cut the grid unevenly.
+            WorldSizeError: no ``ranks_per_node`` and no ``LOCAL_WORLD_SIZE``.
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch, torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid, x = HyperCommGrid([1, 1], ["tp", "dp"]), torch.arange(5.0)
+            >>> grid.hierarchical_all_reduce(x, "dp-tp", ranks_per_node=8); x.tolist()
+            [0.0, 1.0, 2.0, 3.0, 4.0]
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        _check_tensor(tensor, "hierarchical_all_reduce")
+        what, per_node = "hierarchical_all_reduce", {"ranks_per_node": ranks_per_node}
+        self.pg(dims, across="node", **per_node)  # every rank takes part in both creations before any raises
+        inner = self._member_pg(dims, what, within="node", **per_node)
+        outer = self._member_pg(dims, what, across="node", **per_node)
+        cuts = {half: self._node_size_of(self._key(dims, None, None, *scope), None, "node") for half, scope in _HALVES}
+        if cuts["within"] != cuts["across"]:
+            raise InvalidArgumentError(
+                f"the halves of {dims!r} were cut for different node sizes (within: {cuts['within']} ranks per node, "
+                f"across: {cuts['across']}); destroy() the grid's groups and create both with one ranks_per_node"
+            )
+        k, count = dist.get_world_size(inner), tensor.numel()
+        flat = tensor.detach().reshape(-1)
+        buffer = torch.cat([flat, flat.new_zeros(-count % k)])  # a copy, padded to k equal shards
+        shard = buffer.new_empty(buffer.numel() // k)
+        _reduce_scatter_single(shard, buffer, op=op, group=inner)
+        dist.all_reduce(shard, op=op, group=outer)
+        _all_gather_single(buffer, shard, group=inner)
+        with torch.no_grad():
+            tensor.copy_(buffer[:count].view(tensor.shape))

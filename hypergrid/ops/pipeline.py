@@ -1,0 +1,120 @@
+"""Pipeline helpers: ring neighbours along a dim and the send/recv op lists for ``batch_isend_irecv``."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from hypergrid.binding.facet import GridFacet
+from hypergrid.errors import DimsError, InvalidArgumentError
+
+__all__ = ["Pipeline"]
+
+
+class Pipeline(GridFacet):
+    """Previous / next ranks along a dim and point-to-point op lists (a mixin of ``HyperCommGrid``)."""
+
+    def prev_rank(self, dim: str, rank: int | None = None) -> int:
+        """The global rank one step before ``rank`` along ``dim``, wrapping around (a ring).
+
+        The ``source`` of ``shift(dim, periodic=True)``; Megatron's
+        ``get_pipeline_model_parallel_prev_rank`` for the pipeline dim.
+
+        Raises:
+            DimsError: ``dim`` is not one dim of the grid.
+            RankError: ``rank`` is outside the grid.
+
+        Examples:
+            >>> from hypergrid import HyperCommGrid
+            >>> grid = HyperCommGrid([2, 4], ["tp", "pp"])
+            >>> grid.prev_rank("pp", rank=1), grid.prev_rank("pp", rank=3)
+            (7, 1)
+        """
+        source = self.layout.shift(dim, self._rank(rank), 1, True)[0]
+        assert source is not None  # periodic: never past an edge
+        return source
+
+    def next_rank(self, dim: str, rank: int | None = None) -> int:
+        """The global rank one step after ``rank`` along ``dim``, wrapping around (a ring).
+
+        The ``dest`` of ``shift(dim, periodic=True)``; Megatron's
+        ``get_pipeline_model_parallel_next_rank`` for the pipeline dim.
+
+        Raises:
+            DimsError: ``dim`` is not one dim of the grid.
+            RankError: ``rank`` is outside the grid.
+
+        Examples:
+            >>> from hypergrid import HyperCommGrid
+            >>> grid = HyperCommGrid([2, 4], ["tp", "pp"])
+            >>> grid.next_rank("pp", rank=1), grid.next_rank("pp", rank=7)
+            (3, 1)
+        """
+        dest = self.layout.shift(dim, self._rank(rank), 1, True)[1]
+        assert dest is not None
+        return dest
+
+    def p2p_ops(
+        self,
+        dim: str,
+        send_next: torch.Tensor | None = None,
+        send_prev: torch.Tensor | None = None,
+        recv_next: torch.Tensor | None = None,
+        recv_prev: torch.Tensor | None = None,
+    ) -> list[dist.P2POp]:
+        """The ``torch.distributed.P2POp`` list exchanging tensors with the ring neighbours along ``dim``.
+
+        Hand the list to ``torch.distributed.batch_isend_irecv`` and wait on
+        the returned requests. Ops run on the caller's group over ``dim``
+        (created on first use, collectively), with the neighbours' global ranks
+        as ``peer``. A stage's ``send_next`` is received by the next stage's
+        ``recv_prev``, and ``send_prev`` by the previous stage's ``recv_next``;
+        the ops are listed in an order (next-bound traffic first) that matches
+        those pairs even on a ring of two, where both neighbours are one rank.
+
+        Args:
+            dim: the pipeline dim.
+            send_next: tensor to send to ``next_rank(dim)``.
+            send_prev: tensor to send to ``prev_rank(dim)``.
+            recv_next: buffer to receive from ``next_rank(dim)``.
+            recv_prev: buffer to receive from ``prev_rank(dim)``.
+
+        Returns:
+            The ops, possibly empty.
+
+        Raises:
+            DimsError: ``dim`` is not one dim of the grid.
+            InvalidArgumentError: an argument is neither a tensor nor ``None``,
+                or a tensor is given on a dim of size 1 (no neighbour but itself).
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1], ["pp"])
+            >>> grid.p2p_ops("pp")
+            []
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        tensors = {"send_next": send_next, "recv_prev": recv_prev, "send_prev": send_prev, "recv_next": recv_next}
+        for name, tensor in tensors.items():
+            if tensor is not None and not isinstance(tensor, torch.Tensor):
+                raise InvalidArgumentError(f"p2p_ops: {name} must be a torch.Tensor or None, got {tensor!r}")
+        if len(self.layout.dim_indices(dim)) != 1:  # before any creation: one dim, like shift
+            raise DimsError(f"p2p_ops takes one dim, got {dim!r}")
+        group = self._member_pg(dim, "p2p_ops")
+        rank = dist.get_rank()
+        given = [name for name, tensor in tensors.items() if tensor is not None]
+        if given and self.layout.dim_size(dim) == 1:
+            raise InvalidArgumentError(
+                f"p2p_ops: dim {dim!r} has size 1, so rank {rank} has no neighbour along it; got {given}"
+            )
+        peers = {"next": self.next_rank(dim, rank), "prev": self.prev_rank(dim, rank)}
+        ops = []
+        for name, tensor in tensors.items():  # next-bound pairs first: send_next/recv_prev, then the others
+            if tensor is not None:
+                kind, side = name.split("_")
+                op = dist.isend if kind == "send" else dist.irecv
+                ops.append(dist.P2POp(op, tensor, peers[side], group))
+        return ops

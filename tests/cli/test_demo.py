@@ -1,0 +1,44 @@
+"""The README's main job, end to end: 8 local gloo processes, every family checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from hypergrid.__main__ import main as cli
+from hypergrid.cli.demo import main
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(240)
+def test_demo_checks_every_family(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--timeout", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "grid [2, 2, 2] over ['tp', 'cp', 'dp'] (8 ranks)" in out
+    assert "7 of 7 families correct" in out
+    for key in ["tp", "cp", "dp", "cp-tp", "dp-tp", "dp-cp", "dp-cp-tp"]:
+        assert any(line.split()[:1] == [key] and " ok " in line for line in out.splitlines()), key
+    assert any(line.startswith("dp-tp ") and line.endswith("[0, 1, 4, 5]") for line in out.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("argv", "text"),
+    [
+        (["--shape", "2,x"], "--shape must be comma-separated ints, got '2,x'"),
+        (["--shape", "2,,2"], "--shape must be a comma-separated list, got '2,,2'"),
+        (["--shape", "2,0,2"], "shape[1] must be a positive int, got 0"),
+        (["--dims", "tp,tp,dp"], "repeats 'tp'"),
+        (["--dims", "tp,cp"], "has 2 names but shape has 3 dims"),
+    ],
+)
+def test_bad_arguments_fail_before_any_process(argv: list[str], text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert text in capsys.readouterr().err
+
+
+def test_cli_lists_commands_and_refuses_unknown_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["--help"]) == 0
+    assert "demo" in capsys.readouterr().out
+    assert cli(["nope"]) == 2
+    assert "unknown command 'nope'" in capsys.readouterr().err

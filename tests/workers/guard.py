@@ -1,0 +1,161 @@
+"""Functions run inside spawned gloo processes for the guard's tests (module level, so spawn can import them)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+import hypergrid.grid.batch
+from benchmarks.guard import CountingStore
+from hypergrid import HyperCommGrid
+from tests.workers.basic import _allreduce_rank, _outcome
+
+
+@contextmanager
+def counted_store() -> Iterator[CountingStore]:
+    """The default store as the guard sees it, through a counter (torch itself never asks for it)."""
+    real = c10d._get_default_store
+    counter = CountingStore(real())
+    c10d._get_default_store = lambda: counter
+    try:
+        yield counter
+    finally:
+        c10d._get_default_store = real
+
+
+def store_ops() -> dict[str, Any]:
+    """Store operations of this rank per guard round: every family one by one, then all in one create_pgs."""
+    shape = [2] * (dist.get_world_size().bit_length() - 1)
+    names = ["tp", "cp", "dp"][: len(shape)]
+    per_family = []
+    with counted_store() as counter:
+        grid = HyperCommGrid(shape, names)
+        for family in grid.layout.all_families():
+            before = counter.ops
+            grid.create_pg(family)
+            per_family.append(counter.ops - before)
+        batch = HyperCommGrid(shape, names)
+        before = counter.ops
+        groups = batch.create_pgs(list(reversed(batch.layout.all_families())))
+        in_batch = counter.ops - before
+    sums = {key: _allreduce_rank(group) for key, group in groups.items()}
+    grid.destroy()
+    batch.destroy()
+    return {"per_family": per_family, "batch": in_batch, "families": len(groups), "sums": sums}
+
+
+def failure_scenarios() -> dict[str, Any]:
+    """A skipped call, a differing guard timeout, and create_pgs listed in different orders, on 8 ranks."""
+    rank = dist.get_rank()
+    out: dict[str, Any] = {}
+    # Rank 3 skips create_pg('tp') and goes on with create_pg('dp'): both are creation #0 of the grid.
+    grid = HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"], guard_timeout_s=60)
+    out["skipped"] = _outcome(lambda: grid.create_pg("dp" if rank == 3 else "tp"))
+    # Rank 0 configured another guard timeout than the others.
+    timed = HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"], guard_timeout_s=30 if rank == 0 else 60)
+    out["timeout_differs"] = _outcome(lambda: timed.create_pg("tp"))
+    # The same batch listed in another order on odd ranks: one canonical order, so they agree.
+    batch = HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"])
+    families = batch.layout.all_families()
+    groups = batch.create_pgs(families[::-1] if rank % 2 else families)
+    out["batch_keys"] = list(groups)
+    out["batch_sums"] = {key: _allreduce_rank(group) for key, group in groups.items()}
+    # The same batch, but rank 5 asks for one family fewer.
+    other = HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"])
+    out["batch_mismatch"] = _outcome(lambda: other.create_pgs(families[:-1] if rank == 5 else families))
+    for each in (grid, timed, batch, other):
+        each.destroy()
+    return out
+
+
+def create_pgs_with(strategy: str) -> dict[str, Any]:
+    """create_pgs of every family of a [2, 2, 2] grid and of an offset [2, 2] grid with ``strategy``."""
+    grid = HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"], strategy=strategy)
+    groups = grid.create_pgs(grid.layout.all_families())
+    out: dict[str, Any] = {key: (dist.get_process_group_ranks(g), _allreduce_rank(g)) for key, g in groups.items()}
+    offset = HyperCommGrid([2, 2], ["tp", "dp"], rank_offset=4, strategy=strategy)
+    for key, group in offset.create_pgs(["dp", "tp"]).items():
+        out[f"offset {key}"] = None if group is None else _allreduce_rank(group)
+    grid.destroy()
+    offset.destroy()
+    return out
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _left(store: Any, baseline: int) -> int:
+    """Keys above ``baseline`` once every rank got here, counted before any rank goes on."""
+    dist.barrier()
+    keys = int(store.num_keys()) - baseline
+    dist.barrier()
+    return keys
+
+
+def store_hygiene(creations: int) -> dict[str, Any]:
+    """Keys hypergrid leaves in the store over many guard rounds, failed rounds and destroy(), on 2 ranks.
+
+    Torch's own group creation is replaced by nothing (the caller gets None), so
+    that only the guard writes to the store and ``num_keys()`` counts its keys.
+    """
+    store = c10d._get_default_store()
+    rank = dist.get_rank()
+    hypergrid.grid.batch.create_family = lambda *args: None  # type: ignore[assignment]
+    baseline = _left(store, 0)
+    out: dict[str, Any] = {"during": []}
+    grid = HyperCommGrid([2], ["dp"])
+    for index in range(creations):
+        grid.create_pg("dp")
+        grid.destroy()
+        if index % 100 == 0:
+            out["during"].append(store.num_keys() - baseline)
+    out["after_successes"] = _left(store, baseline)
+    # Mismatches: every key deleted once both ranks read the verdict.
+    for _ in range(5):
+        _outcome(lambda: grid.create_pg("dp", group_desc=f"rank{rank}"))
+    out["after_mismatches"] = _left(store, baseline)
+    # Timeouts: rank 1 arrives after rank 0 gave up (it gets the same error, late); progress lines on rank 0.
+    lines = _Lines()
+    logging.getLogger("hypergrid").addHandler(lines)
+    slow = HyperCommGrid([2], ["dp"], guard_timeout_s=1.0, guard_progress_s=0.2)
+    out["timeouts"] = []
+    for _ in range(2):
+        if rank == 1:
+            time.sleep(2.0)
+        out["timeouts"].append(_outcome(lambda: slow.create_pg("dp")))
+        dist.barrier()
+    logging.getLogger("hypergrid").removeHandler(lines)
+    out["progress"] = lines.lines
+    out["after_timeouts"] = _left(store, baseline)
+    slow.destroy()
+    out["after_destroy"] = _left(store, baseline)
+    # A timed-out round's keys also go with the next completed round of its scope.
+    if rank == 1:
+        time.sleep(2.0)
+    _outcome(lambda: slow.create_pg("dp"))
+    out["after_third_timeout"] = _left(store, baseline)
+    grid.create_pg("dp")
+    out["after_next_success"] = _left(store, baseline)
+    return out
+
+
+def ops_and_failures() -> dict[str, Any]:
+    """`store_ops` and then `failure_scenarios` in one world of 8."""
+    return {"ops": store_ops(), **failure_scenarios()}
+
+
+def create_pgs_strategies() -> dict[str, Any]:
+    """`create_pgs_with` each strategy that runs on gloo."""
+    return {strategy: create_pgs_with(strategy) for strategy in ("enumerate", "local")}
