@@ -22,7 +22,9 @@ __all__ = [
     "HyperGridError",
     "InvalidArgumentError",
     "NotInitializedError",
+    "OutOfStepError",
     "RankError",
+    "RankFailure",
     "UnexpectedArgumentError",
     "ViewNotFoundError",
     "WorkerError",
@@ -120,15 +122,42 @@ class DesyncError(HyperGridError, RuntimeError):
         self.requests = requests or {}
 
 
-class GuardTimeoutError(HyperGridError, TimeoutError):
+class OutOfStepError(DesyncError):
+    """Ranks are at different points of a grid's creation sequence (one skipped or repeated a call).
+
+    The message names what each rank called. The way back: ``grid.destroy()`` on
+    every rank of the grid, then create again (docs/reliability.md).
+    """
+
+
+class RankFailure(HyperGridError, RuntimeError):
+    """A peer is gone: a collective, a point-to-point exchange or a creation failed because of it.
+
+    A training loop catches it (and only it) to recover, e.g. with ``grid.shrink``.
+    torch's own error, where there was one, is kept as ``__cause__``.
+
+    Attributes:
+        dead: the ranks known to be gone (sorted), where hypergrid can tell; else empty.
+    """
+
+    def __init__(self, message: str, dead: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.dead = sorted(dead or [])
+
+
+class GuardTimeoutError(RankFailure, TimeoutError):
     """Some ranks did not reach a collective creation within the guard's timeout.
+
+    A `RankFailure`: a rank that never arrives is dead or hung, and the job cannot
+    go on with it.
 
     Attributes:
         missing: the ranks that did not arrive (dead, hung, or creating nothing).
+        dead: the participants that answered no roll call after the timeout (dead or hung).
     """
 
-    def __init__(self, message: str, missing: list[int] | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, missing: list[int] | None = None, dead: list[int] | None = None) -> None:
+        super().__init__(message, dead)
         self.missing = missing or []
 
 
