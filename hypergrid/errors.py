@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendError",
+    "CollectiveMismatchError",
     "CreationRefusedError",
     "DesyncError",
     "DimsError",
@@ -163,3 +164,19 @@ class GuardTimeoutError(RankFailure, TimeoutError):
 
 class CreationRefusedError(HyperGridError, RuntimeError):
     """A creation torch would get wrong (fail late or hang), refused before anything starts."""
+
+
+class CollectiveMismatchError(HyperGridError, RuntimeError):
+    """Members of a group called a collective with different ops, shapes, dtypes or devices (checked collectives).
+
+    Raised on every member, before the collective runs, when collectives are
+    checked (``HyperCommGrid(..., check_collectives=True)`` or
+    ``HYPERGRID_CHECK_COLLECTIVES=1``).
+
+    Attributes:
+        signatures: each distinct call (as text) mapped to the ranks that made it.
+    """
+
+    def __init__(self, message: str, signatures: dict[str, list[int]] | None = None) -> None:
+        super().__init__(message)
+        self.signatures = signatures or {}

@@ -1,9 +1,13 @@
-"""Options of a family's groups: tags, grid-wide and per-call options, backends, stable descriptions (no torch).
+"""Options of a family's groups: tags, grid-wide and per-call options, backends, stable descriptions.
 
 ``create_pg(dims, tag=..., backend=..., timeout=..., pg_options=..., group_desc=...)``
-and ``HyperCommGrid(..., group_options=...)`` are checked here; the guard and the
-sharing pool compare options by the descriptions made here, never by object
-identity, so they are equal on every rank that asks for the same settings.
+and ``HyperCommGrid(..., group_options=...)`` are checked here, before any
+communication; the guard and the sharing pool compare options by the
+descriptions made here, never by object identity, so they are equal on every
+rank that asks for the same settings. Backends are checked against what torch
+accepts (a name, or ``"device:backend"`` pairs such as ``"cpu:gloo,cuda:nccl"``)
+and, when a group is about to be created, against what this machine's torch has
+built in.
 """
 
 from __future__ import annotations
@@ -13,16 +17,21 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import torch.distributed as dist
+
 from hypergrid.errors import BackendError, InvalidArgumentError, UnexpectedArgumentError
+from hypergrid.values import MAX_TIMEOUT_S
 
 __all__ = [
     "GROUP_OPTIONS",
+    "check_backend_available",
     "check_group_options",
     "check_tag",
     "describe_options",
     "describe_pg_options",
     "family_options",
     "normalize_backend",
+    "refuse_keywords",
 ]
 
 #: Options a family's groups accept (passed on to torch), grid-wide or per call.
@@ -88,29 +97,125 @@ def check_group_options(options: Mapping[str, Any] | None, what: str = "group_op
         raise UnexpectedArgumentError(f"{what} has unknown option(s) {unknown}; accepted: {list(GROUP_OPTIONS)}")
     checked = {name: options[name] for name in GROUP_OPTIONS if options.get(name) is not None}
     timeout = checked.get("timeout")
-    if timeout is not None and not (isinstance(timeout, datetime.timedelta) and timeout.total_seconds() > 0):
-        raise InvalidArgumentError(f"timeout must be a positive datetime.timedelta or None, got {timeout!r}")
+    if timeout is not None and not (
+        isinstance(timeout, datetime.timedelta) and 0 < timeout.total_seconds() <= MAX_TIMEOUT_S
+    ):
+        raise InvalidArgumentError(
+            f"timeout must be None or a positive datetime.timedelta of at most 100 years "
+            f"({datetime.timedelta(seconds=MAX_TIMEOUT_S)}; torch's deadlines overflow beyond), got {timeout!r}"
+        )
     desc = checked.get("group_desc")
     if desc is not None and not isinstance(desc, str):
         raise InvalidArgumentError(f"group_desc must be a str or None, got {desc!r}")
     return checked
 
 
+_BACKEND_FORMS = "a backend name such as 'gloo' or 'nccl', or device:backend pairs such as 'cpu:gloo,cuda:nccl'"
+
+
+def _known_backends() -> dict[str, tuple[str, ...]]:
+    """Backend name -> the device types it serves, as this torch knows them (plugins included)."""
+    known = {name: tuple(devices) for name, devices in dist.Backend.backend_capability.items()}
+    for name in _plugins():
+        known.setdefault(name, ("cpu", "cuda"))
+    return known
+
+
+def _plugins() -> set[str]:
+    """Backends registered with ``dist.Backend.register_backend`` (torch keys them in upper case)."""
+    return {str(name).lower() for name in getattr(dist.Backend, "_plugins", {})}
+
+
 def normalize_backend(backend: object, what: str) -> str | None:
-    """``None``, or a backend name in lower case.
+    """``None``, or a backend in a form torch accepts, in lower case: a name or ``device:backend`` pairs.
+
+    Checks the spelling only (a grid may be planned for NCCL on a CPU machine);
+    `check_backend_available` checks this machine before a group is created.
 
     Raises:
-        BackendError: anything else.
+        BackendError: not a str, an unknown backend name, ``"undefined"`` (use
+            ``None``), or malformed, repeated or reversed (``"gloo:cpu"``) pairs.
 
     Examples:
         >>> normalize_backend("NCCL", "backend"), normalize_backend(None, "backend")
         ('nccl', None)
+        >>> normalize_backend("CPU:gloo, cuda:nccl", "backend")
+        'cpu:gloo,cuda:nccl'
+        >>> normalize_backend("gloo:cpu", "backend")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+          ...
+        hypergrid.errors.BackendError: backend 'gloo:cpu' has the pair 'gloo:cpu' reversed: ... such as 'cpu:gloo'
     """
     if backend is None:
         return None
-    if not isinstance(backend, str) or not backend:
-        raise BackendError(f"{what} must be None or a backend name such as 'nccl' or 'gloo', got {backend!r}")
-    return backend.lower()
+    if not isinstance(backend, str) or not backend.strip():
+        raise BackendError(f"{what} must be None or {_BACKEND_FORMS}; got {backend!r}")
+    known = _known_backends()
+    names = sorted(set(known) - {"undefined"})
+    text = backend.strip().lower()
+    if ":" not in text:
+        if text not in names:
+            raise BackendError(f"{what} {backend!r} is not a backend this torch knows; expected one of {names} or None")
+        return text
+    devices = sorted({device for served in known.values() for device in served} | {"mps"})
+    pairs: dict[str, str] = {}
+    for pair in text.split(","):
+        device, sep, name = (part.strip() for part in pair.partition(":"))
+        if device in names and name in devices:
+            raise BackendError(
+                f"{what} {backend!r} has the pair {pair.strip()!r} reversed: pairs are device:backend, "
+                f"such as {name + ':' + device!r}"
+            )
+        if not sep or ":" in name or device not in devices or name not in names:
+            raise BackendError(
+                f"{what} {backend!r}: {pair.strip()!r} is not a device:backend pair (devices {devices}, "
+                f"backends {names}); expected {_BACKEND_FORMS}"
+            )
+        if device in pairs:
+            raise BackendError(f"{what} {backend!r} names device {device!r} twice; give one backend per device")
+        pairs[device] = name
+    return ",".join(f"{device}:{name}" for device, name in pairs.items())
+
+
+def check_backend_available(backend: str | None, what: str = "backend") -> None:
+    """Refuse a (normalized) backend that this machine's torch was built without.
+
+    ``None`` (the default group's backend) always passes.
+
+    Raises:
+        BackendError: a backend, or one of a ``device:backend`` string's, that
+            torch reports unavailable (``torch.distributed.is_nccl_available()``, ...).
+
+    Examples:
+        >>> check_backend_available("gloo")
+        >>> check_backend_available("cpu:gloo")
+    """
+    if backend is None:
+        return
+    for name in {pair.rpartition(":")[2] for pair in backend.split(",")}:
+        probe = getattr(dist, f"is_{name}_available", None)
+        if name not in _plugins() and (probe is None or not probe()):
+            raise BackendError(
+                f"{what} {backend!r}: backend {name!r} is not available in this torch build on this machine "
+                f"(torch.distributed.is_{name}_available() is not True); use another backend or a torch built with it"
+            )
+
+
+def refuse_keywords(call: str, kwargs: Mapping[str, Any], hint: str) -> None:
+    """Refuse keyword arguments a call does not take, naming them (a ``TypeError`` with a reason).
+
+    Raises:
+        UnexpectedArgumentError: ``kwargs`` is not empty.
+
+    Examples:
+        >>> refuse_keywords("get_pg", {}, "")
+        >>> refuse_keywords("get_pg", {"ranks_per_node": 4}, "it only looks groups up")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+          ...
+        hypergrid.errors.UnexpectedArgumentError: get_pg got unexpected keyword argument(s) ['ranks_per_node']: ...
+    """
+    if kwargs:
+        raise UnexpectedArgumentError(f"{call} got unexpected keyword argument(s) {sorted(kwargs)}: {hint}")
 
 
 def family_options(
@@ -126,22 +231,20 @@ def family_options(
 
     Raises:
         UnexpectedArgumentError: an unknown keyword argument.
-        BackendError: a bad backend, or another backend than the grid's on an untagged family.
+        BackendError: a bad backend, another backend than the grid's on an untagged
+            family, or a backend this machine's torch does not have.
         InvalidArgumentError: a bad option value.
 
     Examples:
         >>> family_options({"backend": "gloo"}, {"group_desc": "DP"}, "nccl", "cpu")
         ('gloo', {'group_desc': 'DP'})
     """
-    unknown = sorted(set(kwargs) - set(GROUP_OPTIONS) - {"backend"})
-    if unknown:
-        raise UnexpectedArgumentError(
-            f"create_pg got unexpected keyword argument(s) {unknown}; accepted: "
-            f"{[*GROUP_OPTIONS, 'backend', 'tag', 'strategy']}"
-        )
+    unknown = {name: value for name, value in kwargs.items() if name not in (*GROUP_OPTIONS, "backend")}
+    refuse_keywords("create_pg", unknown, f"accepted: {[*GROUP_OPTIONS, 'backend', 'tag', 'strategy']}")
     options = check_group_options({**defaults, **{name: kwargs[name] for name in GROUP_OPTIONS if name in kwargs}})
     asked = normalize_backend(kwargs.get("backend"), "create_pg's backend")
     if asked is None or asked == grid_backend:
+        check_backend_available(grid_backend, "the grid's backend")
         return grid_backend, options
     if tag is None and grid_backend is not None:
         raise BackendError(
@@ -149,6 +252,7 @@ def family_options(
             f"{grid_backend!r}; give the family a tag (create_pg(..., backend={kwargs['backend']!r}, tag='cpu')) "
             "for a second communicator on another backend"
         )
+    check_backend_available(asked, "create_pg's backend")
     return asked, options
 
 

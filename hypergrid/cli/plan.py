@@ -14,13 +14,13 @@ preset name or a JSON file ``{"tiers": [{"name", "size", "bandwidth", "latency"}
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import re
 from collections.abc import Sequence
 from typing import Any
 
+from hypergrid.cli.arguments import OneLineParser, check_output, parse_int, require_module, write_text, writing
 from hypergrid.errors import HyperGridError, InvalidArgumentError
 from hypergrid.topology import PRESETS, Plan, Tier, Topology, Traffic, llm_step_traffic, plan
 
@@ -62,12 +62,7 @@ def parse_sizes(text: str) -> dict[str, int]:
         >>> parse_sizes("tp=8,dp=16")
         {'tp': 8, 'dp': 16}
     """
-    sizes = {}
-    for name, value in _pairs(text, "--sizes").items():
-        if not value.isdigit():
-            raise InvalidArgumentError(f"--sizes: size of {name!r} must be a positive int, got {value!r}")
-        sizes[name] = int(value)
-    return sizes
+    return {name: parse_int(value, f"--sizes: size of {name!r}", 1) for name, value in _pairs(text, "--sizes").items()}
 
 
 def parse_traffic(text: str) -> list[Traffic]:
@@ -82,10 +77,8 @@ def parse_traffic(text: str) -> list[Traffic]:
         fields = item.strip().split(":")
         if len(fields) not in (3, 4) or not fields[0]:
             raise InvalidArgumentError(f"--traffic entries are dims:op:bytes[:calls], got {item!r}")
-        calls = fields[3] if len(fields) == 4 else "1"
-        if not calls.isdigit():
-            raise InvalidArgumentError(f"--traffic: calls must be an int >= 0, got {calls!r} in {item!r}")
-        entries.append(Traffic(fields[0], fields[1], parse_bytes(fields[2]), int(calls)))
+        calls = parse_int(fields[3], f"--traffic: calls in {item!r}") if len(fields) == 4 else 1
+        entries.append(Traffic(fields[0], fields[1], parse_bytes(fields[2]), calls))
     return entries
 
 
@@ -100,8 +93,11 @@ def parse_model(text: str, sizes: dict[str, int]) -> list[Traffic]:
     for name, value in _pairs(text, "--model").items():
         if name not in (*_MODEL_INTS, "params"):
             raise InvalidArgumentError(f"--model: unknown figure {name!r}; expected {[*_MODEL_INTS, 'params']}")
+        if name != "params":
+            figures[name] = parse_int(value, f"--model: {name}")
+            continue
         try:
-            figures[name] = float(value) if name == "params" else int(value)
+            figures[name] = float(value)
         except ValueError:
             raise InvalidArgumentError(f"--model: {name} must be a number, got {value!r}") from None
     missing = [n for n in ("hidden", "layers", "seq_len", "micro_batch", "params") if n not in figures]
@@ -166,14 +162,16 @@ def plot_plans(plans: Sequence[Plan], path: pathlib.Path, title: str) -> None:
     axes.set_title(title)
     axes.legend(title="family")
     axes.grid(True, axis="y", alpha=0.3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(figure)
+    try:
+        with writing(path, "--png"):
+            figure.savefig(path, dpi=110, bbox_inches="tight")
+    finally:
+        plt.close(figure)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``plan``; exit status 0, or 2 with a friendly message for bad arguments."""
-    parser = argparse.ArgumentParser(prog="python -m hypergrid plan", description=__doc__.splitlines()[0])
+    """Run ``plan``; exit status 0, or 2 with one line on stderr for a bad argument or an unwritable output."""
+    parser = OneLineParser(prog="python -m hypergrid plan", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", required=True, help="dims and sizes, e.g. tp=8,dp=16")
     parser.add_argument("--topology", default="h100_8x", help=f"a preset {sorted(PRESETS)} or a JSON file")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -188,21 +186,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes = parse_sizes(args.sizes)
         topology = load_topology(args.topology)
         traffic = parse_traffic(args.traffic) if args.traffic else parse_model(args.model, sizes)
-        if args.top is not None and (not args.top.isdigit() or int(args.top) < 1):
-            raise InvalidArgumentError(f"--top must be an int >= 1, got {args.top!r}")
-        plans = plan(sizes, traffic, topology, split=args.split)
+        top = None if args.top is None else parse_int(args.top, "--top", 1)
+        if args.json is not None and str(args.json) != "-":
+            check_output(args.json, "--json")
+        if args.png is not None:
+            check_output(args.png, "--png")
+            require_module("matplotlib", "--png")
+        plans = plan(sizes, traffic, topology, split=args.split)[:top]
+        data = {"sizes": sizes, "topology": topology.to_dict(), "plans": [p.to_dict() for p in plans]}
+        if str(args.json) == "-":
+            print(json.dumps(data, indent=1))
+        else:
+            print(render_plans(plans, topology, sizes))
+            if args.json:
+                write_text(args.json, json.dumps(data, indent=1) + "\n", "--json")
+        if args.png:
+            plot_plans(plans, args.png, f"{args.sizes} on {args.topology}")
     except HyperGridError as error:
         parser.error(str(error))
-    if args.top is not None:
-        plans = plans[: int(args.top)]
-    data = {"sizes": sizes, "topology": topology.to_dict(), "plans": [p.to_dict() for p in plans]}
-    if str(args.json) == "-":
-        print(json.dumps(data, indent=1))
-    else:
-        print(render_plans(plans, topology, sizes))
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(data, indent=1) + "\n")
-    if args.png:
-        plot_plans(plans, args.png, f"{args.sizes} on {args.topology}")
     return 0

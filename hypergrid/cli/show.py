@@ -9,13 +9,13 @@ a large one; ``--json`` gives everything, for tools.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from hypergrid.cli.arguments import OneLineParser, parse_int
 from hypergrid.errors import GridSpecError, HyperGridError, InvalidArgumentError
 from hypergrid.layout import GridLayout
 from hypergrid.layout.economy import plan_communicators
@@ -42,9 +42,9 @@ def parse_grid_arguments(shape_text: str, dims_text: str, offset: int = 0) -> Gr
     """
     sizes = _parse_list(shape_text, "--shape")
     try:
-        shape = [int(size) for size in sizes]
-    except ValueError:
-        raise InvalidArgumentError(f"--shape must be comma-separated ints, got {shape_text!r}") from None
+        shape = [parse_int(size, "--shape") for size in sizes]
+    except InvalidArgumentError:
+        raise InvalidArgumentError(f"--shape must be comma-separated ints, got {shape_text!r} (digits 0-9)") from None
     try:
         return GridLayout(shape, _parse_list(dims_text, "--dims"), offset)
     except GridSpecError as error:  # say it in the words the user typed
@@ -127,7 +127,7 @@ def render(data: dict[str, Any], limit: int) -> str:
 
 def show(argv: Sequence[str] | None = None) -> int:
     """Run ``show``; exit status 0, or 2 with a friendly message for bad arguments."""
-    parser = argparse.ArgumentParser(prog="python -m hypergrid show", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m hypergrid show", description=__doc__.splitlines()[0])
     parser.add_argument("--shape", required=True, help="dim sizes, innermost first, e.g. 2,2,2")
     parser.add_argument("--dims", required=True, help="dim names, innermost first, e.g. tp,cp,dp")
     parser.add_argument("--offset", default="0", help="the grid's first rank (default 0)")
@@ -140,10 +140,11 @@ def show(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        offset, limit = _positive(args.offset, "--offset", 0), _positive(args.limit, "--limit", 2)
+        offset, limit = parse_int(args.offset, "--offset", 0), parse_int(args.limit, "--limit", 2)
         layout = parse_grid_arguments(args.shape, args.dims, offset)
         per_node_text = args.ranks_per_node or os.environ.get("LOCAL_WORLD_SIZE")
-        per_node = None if per_node_text is None else _positive(per_node_text, "--ranks-per-node", 1)
+        what = "--ranks-per-node" if args.ranks_per_node else "LOCAL_WORLD_SIZE (the default of --ranks-per-node)"
+        per_node = None if per_node_text is None else parse_int(per_node_text, what, 1)
         if args.family is None:
             families = layout.all_families()
         else:
@@ -158,16 +159,6 @@ def show(argv: Sequence[str] | None = None) -> int:
         return 0
     print(json.dumps(data) if args.json else render(data, limit))
     return 0
-
-
-def _positive(text: str, what: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise InvalidArgumentError(f"{what} must be an int >= {minimum}, got {text!r}")
-    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,9 +16,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout import Dims, GridLayout
 
-__all__ = ["Span", "family_spans", "span_at"]
+__all__ = ["MAX_ENUMERATED_RANKS", "Span", "family_spans", "span_at"]
 
 
 @dataclass(frozen=True)
@@ -84,12 +85,21 @@ def _analytic(shape: tuple[int, ...], chosen: tuple[int, ...], unit_ranks: tuple
     return Span(n, (*per_unit, n), (*units, 1), spanned)
 
 
+#: A grid whose tier units do not cut it along its dims is priced by listing its ranks: at most this many.
+MAX_ENUMERATED_RANKS = 2**20
+
+
 @lru_cache(maxsize=65536)
 def span_at(shape: tuple[int, ...], chosen: tuple[int, ...], unit_ranks: tuple[int, ...]) -> Span:
     """`family_spans` for validated input: the family over dim positions ``chosen`` (sorted) of ``shape``."""
     fast = _analytic(shape, chosen, unit_ranks)
     if fast is not None:
         return fast
+    if math.prod(shape) > MAX_ENUMERATED_RANKS:
+        raise InvalidArgumentError(
+            f"the units of {list(unit_ranks)} ranks do not cut the grid {list(shape)} along its dims, so pricing it "
+            f"means listing every rank: at most {MAX_ENUMERATED_RANKS:,} ranks, got {math.prod(shape):,}"
+        )
     names = [f"d{i}" for i in range(len(shape))]
     groups = GridLayout(shape, names).rank_enum_array([names[i] for i in chosen])
     count, n = groups.shape

@@ -6,21 +6,21 @@ Pure: no torch import. Figures of the presets are documented, with sources, in
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hypergrid.errors import InvalidArgumentError
-from hypergrid.values import is_int
+from hypergrid.values import as_number, is_int
 
 __all__ = ["PRESETS", "Tier", "Topology"]
 
 
 def _positive_number(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise InvalidArgumentError(f"{what} must be a positive finite number, got {value!r}")
-    return float(value)
+    number = as_number(value)
+    if number is None or number <= 0:
+        raise InvalidArgumentError(f"{what} must be a positive finite number (a float can hold it), got {value!r}")
+    return number
 
 
 @dataclass(frozen=True)

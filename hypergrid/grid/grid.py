@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from hypergrid.agreement.guard import GuardLedger
 from hypergrid.binding.creation import check_strategy
-from hypergrid.binding.options import check_group_options, normalize_backend
+from hypergrid.binding.options import check_group_options, normalize_backend, refuse_keywords
 from hypergrid.binding.registry import PgKey, for_view, member_or_none
 from hypergrid.binding.worldstate import world_size_hint
 from hypergrid.errors import (
@@ -32,6 +32,7 @@ from hypergrid.grid.nodes import NodeAwareness
 from hypergrid.grid.shims import MegatronShims
 from hypergrid.grid.views import BASE_VIEW, RankView, Views
 from hypergrid.layout import Dims, GridLayout, resolve_shape
+from hypergrid.ops.checks import check_collectives_flag
 from hypergrid.ops.collectives import Collectives
 from hypergrid.ops.pipeline import Pipeline
 from hypergrid.values import check_timeout
@@ -90,6 +91,9 @@ class HyperCommGrid(
         group_options: defaults for every family and view: ``timeout``,
             ``pg_options``, ``group_desc`` (passed to torch); a ``create_pg``
             keyword overrides them for one family.
+        check_collectives: compare each collective's op, shape, dtype and device
+            across the group first (``hypergrid.ops.checks``); ``None`` (default)
+            reads ``HYPERGRID_CHECK_COLLECTIVES`` once, here.
 
     Raises:
         GridSpecError: invalid shape, names or offset.
@@ -123,6 +127,7 @@ class HyperCommGrid(
         guard_progress_s: float = 30.0,
         share_groups: bool = True,
         group_options: Mapping[str, Any] | None = None,
+        check_collectives: bool | None = None,
     ) -> None:
         world = world_size_hint()
         self.layout = GridLayout(resolve_shape(shape, world, rank_offset), dim_names, rank_offset)
@@ -137,6 +142,7 @@ class HyperCommGrid(
             raise InvalidArgumentError(f"share_groups must be True or False, got {share_groups!r}")
         self.share_groups = share_groups
         self.group_options = check_group_options(group_options)
+        self.check_collectives = check_collectives_flag(check_collectives)
         self._check_fits(world)
         # The grid whose registry this one uses (itself, except for a grid returned by view()),
         # and the view it enumerates. The root grid holds every view and every group.
@@ -320,6 +326,7 @@ class HyperCommGrid(
         tag: str | None = None,
         within: str | None = None,
         across: str | None = None,
+        **kwargs: Any,
     ) -> dist.ProcessGroup | None:
         """The caller's group of an already created family (a local lookup), with ``tag`` if given.
 
@@ -332,6 +339,7 @@ class HyperCommGrid(
             GroupNotFoundError: (a ``KeyError``) the family (with this tag) was not created yet.
             ViewNotFoundError: (a ``KeyError``) ``view`` is not registered.
             InvalidArgumentError: a bad ``tag``, ``within`` or ``across``.
+            UnexpectedArgumentError: any other keyword (``ranks_per_node``: give it to ``pg``/``create_pg``).
 
         Examples:
             >>> HyperCommGrid([2, 2], ["tp", "dp"]).get_pg("tp")  # doctest: +ELLIPSIS
@@ -339,6 +347,12 @@ class HyperCommGrid(
               ...
             hypergrid.errors.GroupNotFoundError: Process group for 'tp' hasn't been created ...
         """
+        refuse_keywords(
+            "get_pg",
+            kwargs,
+            "a lookup takes dims, view, tag, within and across; creation options "
+            "(ranks_per_node, timeout, ...) go to pg() or create_pg()",
+        )
         key = self._key(dims, view, tag, within, across)
         if key not in self._pgs:
             what = f"for {key!r}" if isinstance(key, str) else f"{dims!r}{for_view(key)}"

@@ -80,8 +80,9 @@ def node_size(value: int | None) -> int:
             the result is not a positive int.
 
     Examples:
-        >>> node_size(4)
-        4
+        >>> import numpy as np
+        >>> node_size(4), node_size(np.int64(4))
+        (4, 4)
     """
     if value is None:
         text = os.environ.get("LOCAL_WORLD_SIZE")
@@ -93,9 +94,10 @@ def node_size(value: int | None) -> int:
             raise WorldSizeError(f"LOCAL_WORLD_SIZE={text!r} is not an int") from None
         if value < 1:
             raise WorldSizeError(f"LOCAL_WORLD_SIZE={text!r} is not a positive int (ranks per node)")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise WorldSizeError(f"ranks_per_node must be a positive int, got {value!r}")
-    return value
+    number = as_int(value)
+    if number is None or number < 1:
+        raise WorldSizeError(f"ranks_per_node must be a positive int (Python or numpy), got {value!r}")
+    return number
 
 
 class NodeSplit:

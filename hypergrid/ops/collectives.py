@@ -10,6 +10,11 @@ never hands one on.
 
 Chunks and concatenations follow the family's group order: group rank ``i``
 is the ``i``-th rank of ``grid.group_ranks(dims)`` (ascending global ranks).
+
+With checked collectives on (``hypergrid.ops.checks``), each method creates
+the family (on first use) and compares the call across the group first, then
+checks its arguments: an argument wrong on one rank only then raises on every
+rank instead of leaving the others waiting.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch.distributed as dist
 from hypergrid.binding.facet import GridFacet
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout import Dims
+from hypergrid.ops.checks import all_gather_single, check_reduce_op, compare_calls, signature
 from hypergrid.values import as_int, is_int
 
 __all__ = ["Collectives"]
@@ -30,7 +36,6 @@ __all__ = ["Collectives"]
 _HALVES = (("within", ("node", None)), ("across", (None, "node")))
 
 # torch 2.13 renamed the single-tensor collectives; older releases (>= 2.4) have only the old names.
-_all_gather_single: Any = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_single: Any = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
@@ -57,9 +62,20 @@ def tensor_dim(tensor: object, dim: object, what: str) -> int:
     return index % ndim
 
 
-def _check_tensor(tensor: object, what: str) -> torch.Tensor:
+def _check_tensor(tensor: object, what: str, dense: bool = False) -> torch.Tensor:
+    """``tensor`` if it is a tensor (with ``dense``: a strided one whose elements do not share memory)."""
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"{what} needs a torch.Tensor, got {tensor!r}")
+    if dense and tensor.layout != torch.strided:
+        raise InvalidArgumentError(
+            f"{what} needs a dense (strided) tensor, got a {tensor.layout} tensor of shape {list(tensor.shape)}; "
+            "pass tensor.to_dense()"
+        )
+    if dense and any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape)):
+        raise InvalidArgumentError(
+            f"{what} writes its result into the tensor, but this one (shape {list(tensor.shape)}, strides "
+            f"{list(tensor.stride())}) is expanded: several elements share one memory location; pass tensor.clone()"
+        )
     return tensor
 
 
@@ -70,6 +86,15 @@ class Collectives(GridFacet):
 
         def _key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> Any: ...
         def _node_size_of(self, key: Any, given: object, half: object) -> int | None: ...
+
+        _root: Any
+
+    def _compare_call(
+        self, call: str, dims: Dims, tensor: object, op: object = None, extra: object = None, **half: Any
+    ) -> None:
+        """With checked collectives on: create the family if needed and compare this call across the group."""
+        if self._root.check_collectives:
+            compare_calls([self._member_pg(dims, call, **half)], signature(call, tensor, op, extra), tensor, call, dims)
 
     def _chunk_dim(self, tensor: torch.Tensor, dims: Dims, dim: int, what: str) -> tuple[int, int]:
         """``(dim, chunk size)`` for splitting ``tensor`` along ``dim`` into one chunk per group member."""
@@ -122,8 +147,9 @@ class Collectives(GridFacet):
 
         Raises:
             DimsError: unknown, repeated or no dims.
-            InvalidArgumentError: ``tensor`` is not a tensor.
+            InvalidArgumentError: ``tensor`` is not a tensor, or ``op`` not a ``ReduceOp``.
             RankError: the caller is outside the grid.
+            CollectiveMismatchError: (checked collectives) the members' calls differ.
 
         Examples:
             >>> import torch, torch.distributed as dist
@@ -134,7 +160,9 @@ class Collectives(GridFacet):
             [1.0, 1.0]
             >>> grid.destroy(); dist.destroy_process_group()
         """
+        self._compare_call("all_reduce", dims, tensor, op)
         _check_tensor(tensor, "all_reduce")
+        check_reduce_op(op, "all_reduce")
         group = self._member_pg(dims, "all_reduce")
         work: dist.Work | None = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
         return work
@@ -147,8 +175,9 @@ class Collectives(GridFacet):
 
         Raises:
             DimsError: unknown, repeated or no dims.
-            InvalidArgumentError: not a tensor, or a bad ``dim``.
+            InvalidArgumentError: not a dense tensor, or a bad ``dim``.
             RankError: the caller is outside the grid.
+            CollectiveMismatchError: (checked collectives) the members' calls differ.
 
         Examples:
             >>> import torch, torch.distributed as dist
@@ -159,11 +188,12 @@ class Collectives(GridFacet):
             torch.Size([2, 3])
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        index = tensor_dim(tensor, dim, "all_gather")
+        self._compare_call("all_gather", dims, tensor, None, dim)
+        index = tensor_dim(_check_tensor(tensor, "all_gather", dense=True), dim, "all_gather")
         group = self._member_pg(dims, "all_gather")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((self.layout.group_size(dims) * moved.shape[0], *moved.shape[1:]))
-        _all_gather_single(out, moved, group=group)
+        all_gather_single(out, moved, group=group)
         return out.movedim(0, index).contiguous()
 
     def reduce_scatter(
@@ -173,9 +203,10 @@ class Collectives(GridFacet):
 
         Raises:
             DimsError: unknown, repeated or no dims.
-            InvalidArgumentError: not a tensor, a bad ``dim``, or a size along
-                ``dim`` that the group size does not divide.
+            InvalidArgumentError: not a dense tensor, ``op`` not a ``ReduceOp``, a bad
+                ``dim``, or a size along ``dim`` that the group size does not divide.
             RankError: the caller is outside the grid.
+            CollectiveMismatchError: (checked collectives) the members' calls differ.
 
         Examples:
             >>> import torch, torch.distributed as dist
@@ -186,7 +217,9 @@ class Collectives(GridFacet):
             [0.0, 1.0, 2.0, 3.0]
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        index, chunk = self._chunk_dim(tensor, dims, dim, "reduce_scatter")
+        self._compare_call("reduce_scatter", dims, tensor, op, dim)
+        check_reduce_op(op, "reduce_scatter")
+        index, chunk = self._chunk_dim(_check_tensor(tensor, "reduce_scatter", dense=True), dims, dim, "reduce_scatter")
         group = self._member_pg(dims, "reduce_scatter")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((chunk, *moved.shape[1:]))
@@ -208,6 +241,7 @@ class Collectives(GridFacet):
             DimsError: unknown, repeated or no dims.
             InvalidArgumentError: not a tensor, or ``group_src`` not in ``0 .. group_size-1``.
             RankError: the caller is outside the grid.
+            CollectiveMismatchError: (checked collectives) the members' calls differ.
 
         Examples:
             >>> import torch, torch.distributed as dist
@@ -220,6 +254,7 @@ class Collectives(GridFacet):
             hypergrid.errors.InvalidArgumentError: broadcast over dims 'tp': group_src=1 is not a rank ...
             >>> grid.destroy(); dist.destroy_process_group()
         """
+        self._compare_call("broadcast", dims, tensor, None, group_src)
         _check_tensor(tensor, "broadcast")
         members = self.layout.group_size(dims)
         if not is_int(group_src) or not 0 <= group_src < members:
@@ -273,11 +308,17 @@ class Collectives(GridFacet):
         default ``LOCAL_WORLD_SIZE``. Any size works (the shards are padded);
         the tensor may be non-contiguous.
 
+        With checked collectives on, the call is compared over both halves
+        (two small gathers: inside the node, then across).
+
         Raises:
             DimsError: unknown, repeated or no dims.
-            InvalidArgumentError: not a tensor, or nodes that cut the grid unevenly.
+            InvalidArgumentError: not a dense tensor whose elements have memory of
+                their own (not sparse, not expanded), ``op`` not a ``ReduceOp``,
+                or nodes that cut the grid unevenly.
             WorldSizeError: no ``ranks_per_node`` and no ``LOCAL_WORLD_SIZE``.
             RankError: the caller is outside the grid.
+            CollectiveMismatchError: (checked collectives) the members' calls differ.
 
         Examples:
             >>> import torch, torch.distributed as dist
@@ -288,8 +329,11 @@ class Collectives(GridFacet):
             [0.0, 1.0, 2.0, 3.0, 4.0]
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        _check_tensor(tensor, "hierarchical_all_reduce")
         what, per_node = "hierarchical_all_reduce", {"ranks_per_node": ranks_per_node}
+        checking = self._root.check_collectives
+        if not checking:
+            _check_tensor(tensor, what, dense=True)
+            check_reduce_op(op, what)
         self.pg(dims, across="node", **per_node)  # every rank takes part in both creations before any raises
         inner = self._member_pg(dims, what, within="node", **per_node)
         outer = self._member_pg(dims, what, across="node", **per_node)
@@ -299,12 +343,16 @@ class Collectives(GridFacet):
                 f"the halves of {dims!r} were cut for different node sizes (within: {cuts['within']} ranks per node, "
                 f"across: {cuts['across']}); destroy() the grid's groups and create both with one ranks_per_node"
             )
+        if checking:
+            compare_calls([inner, outer], signature(what, tensor, op), tensor, what, dims)
+            _check_tensor(tensor, what, dense=True)
+            check_reduce_op(op, what)
         k, count = dist.get_world_size(inner), tensor.numel()
         flat = tensor.detach().reshape(-1)
         buffer = torch.cat([flat, flat.new_zeros(-count % k)])  # a copy, padded to k equal shards
         shard = buffer.new_empty(buffer.numel() // k)
         _reduce_scatter_single(shard, buffer, op=op, group=inner)
         dist.all_reduce(shard, op=op, group=outer)
-        _all_gather_single(buffer, shard, group=inner)
+        all_gather_single(buffer, shard, group=inner)
         with torch.no_grad():
             tensor.copy_(buffer[:count].view(tensor.shape))

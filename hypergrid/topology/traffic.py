@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from hypergrid.errors import DimsError, InvalidArgumentError
 from hypergrid.layout import KEY_SEPARATOR
 from hypergrid.topology.cost import check_op
-from hypergrid.values import is_int
+from hypergrid.values import as_number, is_int
 
 __all__ = ["Traffic", "llm_step_traffic"]
 
@@ -54,25 +54,26 @@ class Traffic:
         if len(set(names)) != len(names):
             raise DimsError(f"traffic dims {dims!r} repeat a name; name each dim once")
         check_op(op)
-        if isinstance(bytes, bool) or not isinstance(bytes, (int, float)) or not math.isfinite(bytes) or bytes < 0:
-            raise InvalidArgumentError(f"traffic bytes must be a finite number >= 0, got {bytes!r}")
-        if not is_int(calls) or calls < 0:
-            raise InvalidArgumentError(f"traffic calls must be an int >= 0, got {calls!r}")
+        size = as_number(bytes)
+        if size is None or size < 0:
+            raise InvalidArgumentError(f"traffic bytes must be a finite number >= 0 (a float), got {bytes!r}")
+        if not is_int(calls) or calls < 0 or as_number(calls) is None:
+            raise InvalidArgumentError(f"traffic calls must be an int >= 0 that a float can hold, got {calls!r}")
         set_attr = object.__setattr__
         set_attr(self, "dims", tuple(names))
         set_attr(self, "op", op)
-        set_attr(self, "bytes", float(bytes))
+        set_attr(self, "bytes", size)
         set_attr(self, "calls", int(calls))
         set_attr(self, "key", KEY_SEPARATOR.join(names))
 
 
 def _positive(value: object, what: str, allow_zero: bool = False) -> float:
-    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-    if number is None or not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+    number = as_number(value)
+    if number is None or number < 0 or (number == 0 and not allow_zero):
         raise InvalidArgumentError(
             f"{what} must be a {'non-negative' if allow_zero else 'positive'} number, got {value!r}"
         )
-    return float(number)
+    return number
 
 
 def llm_step_traffic(

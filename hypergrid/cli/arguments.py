@@ -1,0 +1,118 @@
+"""What every command shares about its arguments: one-line errors, strict ints, output paths checked first.
+
+A bad argument ends a command with exit status 2 and one line on stderr
+(``python -m hypergrid plan: error: ...``), never a traceback: the line names
+the value and what was expected; ``--help`` shows the usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import os
+import pathlib
+import re
+import sys
+from collections.abc import Iterator
+from typing import NoReturn
+
+from hypergrid.errors import InvalidArgumentError
+
+__all__ = ["OneLineParser", "check_output", "parse_int", "require_module", "write_text", "writing"]
+
+# ASCII digits only: str.isdigit() and int() also take "²" or "٣"; 18 digits stay below int()'s text limit.
+_INT = re.compile(r"[0-9]{1,18}")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line on stderr and exit status 2 (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``prog: error: message`` on one line and exit with status 2."""
+        line = " ".join(str(message).split())
+        sys.stderr.write(f"{self.prog}: error: {line} (see --help)\n")
+        sys.exit(2)
+
+
+def parse_int(text: str, what: str, minimum: int = 0) -> int:
+    """``text`` as an int of ASCII digits (at most 18) that is at least ``minimum``.
+
+    Raises:
+        InvalidArgumentError: anything else (``"²"``, ``"-1"``, ``" 4"``, ``"1e3"``).
+
+    Examples:
+        >>> parse_int("16", "--top", 1)
+        16
+        >>> parse_int("²", "--top", 1)
+        Traceback (most recent call last):
+          ...
+        hypergrid.errors.InvalidArgumentError: --top must be an int >= 1 written in digits 0-9, got '²'
+    """
+    if not isinstance(text, str) or not _INT.fullmatch(text) or int(text) < minimum:
+        raise InvalidArgumentError(f"{what} must be an int >= {minimum} written in digits 0-9, got {text!r}")
+    return int(text)
+
+
+def check_output(path: pathlib.Path, what: str) -> None:
+    """Refuse an output path that cannot be written, before any work: a directory, or no writable parent.
+
+    Missing parent directories are fine where they can be created (the
+    command creates them).
+
+    Raises:
+        InvalidArgumentError: ``path`` is a directory, or its nearest existing
+            ancestor is not a writable directory.
+
+    Examples:
+        >>> check_output(pathlib.Path("/"), "--json")
+        Traceback (most recent call last):
+          ...
+        hypergrid.errors.InvalidArgumentError: --json '/' is a directory; give a file name
+    """
+    if path.is_dir():
+        raise InvalidArgumentError(f"{what} {str(path)!r} is a directory; give a file name")
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise InvalidArgumentError(
+            f"{what} {str(path)!r}: cannot create it: {str(ancestor)!r} is not a writable directory"
+        )
+
+
+@contextlib.contextmanager
+def writing(path: pathlib.Path, what: str) -> Iterator[pathlib.Path]:
+    """Create ``path``'s parents, then run the block that writes it; an OS error becomes one naming the path.
+
+    Raises:
+        InvalidArgumentError: the write failed (no space, no permission, ...).
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        yield path
+    except OSError as error:
+        raise InvalidArgumentError(f"{what} {str(path)!r}: cannot write it ({error.strerror or error})") from None
+
+
+def write_text(path: pathlib.Path, text: str, what: str) -> None:
+    """Write ``text`` to ``path`` (see `writing`)."""
+    with writing(path, what):
+        path.write_text(text)
+
+
+def require_module(name: str, what: str) -> None:
+    """Refuse an option whose optional dependency is missing, before any work.
+
+    Raises:
+        InvalidArgumentError: ``name`` cannot be imported.
+
+    Examples:
+        >>> require_module("json", "--json")
+    """
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        raise InvalidArgumentError(
+            f"{what} needs {name}, which is not installed (pip install {name}, or the package's 'bench' extra)"
+        ) from None

@@ -1,0 +1,197 @@
+"""Values that used to reach torch unchecked: refused before any communication, with the project's errors.
+
+One table per entry point; every case names the value it refuses. A one-rank
+gloo world is enough: each refusal happens before anything is sent.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from hypergrid import (
+    BackendError,
+    HyperCommGrid,
+    HyperGridError,
+    InvalidArgumentError,
+    UnexpectedArgumentError,
+)
+from hypergrid.values import MAX_TIMEOUT_S
+
+pytestmark = pytest.mark.timeout(120)
+
+# Each backend torch has not built in on this machine (gloo always is, in the wheels the tests run on).
+UNAVAILABLE = [name for name in ("nccl", "mpi", "ucc", "xccl") if not getattr(dist, f"is_{name}_available")()]
+
+BAD_BACKENDS = {
+    "gloo:cpu": "reversed",  # device:backend the wrong way round: torch raised AssertionError
+    "cpu:gloo,cpu:gloo": "twice",
+    "cpu:gloo,": "not a device:backend pair",
+    "cpu:gloo:x": "not a device:backend pair",
+    "tpu:gloo": "not a device:backend pair",
+    "undefined": "not a backend",
+    "glo": "not a backend",
+    "": "must be None",
+    " ": "must be None",
+}
+
+
+@pytest.mark.parametrize("backend", sorted(BAD_BACKENDS))
+def test_malformed_backends_are_refused_at_construction(backend: str) -> None:
+    with pytest.raises(BackendError, match=BAD_BACKENDS[backend]) as error:
+        HyperCommGrid([1], ["dp"], backend=backend)
+    assert repr(backend) in str(error.value)
+
+
+@pytest.mark.parametrize("backend", sorted(BAD_BACKENDS))
+def test_malformed_backends_are_refused_by_create_pg(backend: str, one_rank_world: None) -> None:
+    grid = HyperCommGrid([1], ["dp"])
+    with pytest.raises(BackendError, match=BAD_BACKENDS[backend]):
+        grid.create_pg("dp", backend=backend, tag="x")
+    assert grid.created_keys == []
+
+
+@pytest.mark.parametrize("form", ["gloo", "GLOO", " gloo ", "cpu:gloo", "CPU:gloo"])
+def test_every_form_torch_accepts_for_gloo_works(form: str, one_rank_world: None) -> None:
+    grid = HyperCommGrid([1], ["dp"])
+    group = grid.create_pg("dp", backend=form, tag="cpu")
+    tensor = torch.ones(2)
+    dist.all_reduce(tensor, group=group)
+    assert tensor.tolist() == [1.0, 1.0]
+    grid.destroy()
+
+
+@pytest.mark.skipif(not UNAVAILABLE, reason="every backend is built in here")
+@pytest.mark.parametrize("form", ["{name}", "cpu:gloo,cuda:{name}"])
+def test_backends_not_built_in_are_a_backend_error(form: str, one_rank_world: None) -> None:
+    for name in UNAVAILABLE:
+        backend = form.format(name=name)
+        grid = HyperCommGrid([1], ["dp"], backend=backend)  # planning for another machine is fine
+        with pytest.raises(BackendError, match=rf"backend {name!r} is not available"):
+            grid.create_pg("dp")
+        with pytest.raises(BackendError, match=rf"backend {name!r} is not available"):
+            HyperCommGrid([1], ["dp"]).create_pg("dp", backend=backend, tag="other")
+
+
+@pytest.mark.parametrize(
+    "timeout",
+    [datetime.timedelta.max, datetime.timedelta(days=86_000), datetime.timedelta(seconds=MAX_TIMEOUT_S + 1)],
+    ids=["max", "86000-days", "just-over-the-limit"],
+)
+def test_timeouts_torch_cannot_hold_are_refused_up_front(timeout: datetime.timedelta, one_rank_world: None) -> None:
+    grid = HyperCommGrid([1], ["dp"])
+    with pytest.raises(InvalidArgumentError, match="at most 100 years") as error:
+        grid.create_pg("dp", timeout=timeout)
+    assert repr(timeout) in str(error.value)
+    with pytest.raises(InvalidArgumentError, match="at most 100 years"):
+        HyperCommGrid([1], ["dp"], group_options={"timeout": timeout})
+    assert grid.created_keys == []
+
+
+def test_the_longest_timeout_allowed_works(one_rank_world: None) -> None:
+    grid = HyperCommGrid([1], ["dp"])
+    group = grid.create_pg("dp", timeout=datetime.timedelta(seconds=MAX_TIMEOUT_S))
+    tensor = torch.ones(1)
+    dist.all_reduce(tensor, group=group)
+    assert tensor.tolist() == [1.0]
+    grid.destroy()
+
+
+@pytest.mark.parametrize("seconds", [float("inf"), float("nan"), 10**400, MAX_TIMEOUT_S * 2, np.float64("inf")])
+def test_guard_timeouts_beyond_a_float_or_the_limit_are_refused(seconds: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match="guard_timeout_s"):
+        HyperCommGrid([1], ["dp"], guard_timeout_s=seconds)
+
+
+def test_get_pg_with_a_creation_option_names_it(one_rank_world: None) -> None:
+    grid = HyperCommGrid([1, 1], ["tp", "dp"])
+    grid.create_pg("tp", within="node", ranks_per_node=1)
+    refused = r"get_pg got unexpected keyword argument\(s\) \['ranks_per_node'\]"
+    with pytest.raises(UnexpectedArgumentError, match=refused):
+        grid.get_pg("tp", within="node", ranks_per_node=4)
+    grid.destroy()
+
+
+def test_numpy_integers_are_ints_for_ranks_per_node(one_rank_world: None) -> None:
+    grid = HyperCommGrid([1, 1], ["tp", "dp"])
+    within = grid.pg("tp", within="node", ranks_per_node=np.int64(4))
+    assert grid.pg("tp", within="node", ranks_per_node=np.int32(4)) is within
+    tensor = torch.arange(3.0)
+    grid.hierarchical_all_reduce(tensor, "tp", ranks_per_node=np.int64(4))
+    assert tensor.tolist() == [0.0, 1.0, 2.0]
+    grid.destroy()
+
+
+def _op(call: str) -> Callable[[HyperCommGrid], Any]:
+    tensor = torch.ones(4)
+    return {
+        "all_reduce": lambda grid: grid.all_reduce(tensor, "dp", op="sum"),
+        "reduce_scatter": lambda grid: grid.reduce_scatter(tensor, "dp", op="sum"),
+        "hierarchical_all_reduce": lambda grid: grid.hierarchical_all_reduce(tensor, "dp", op="sum", ranks_per_node=1),
+    }[call]
+
+
+@pytest.mark.parametrize("call", ["all_reduce", "reduce_scatter", "hierarchical_all_reduce"])
+def test_an_op_that_is_not_a_reduce_op_is_refused(call: str, one_rank_world: None) -> None:
+    grid = HyperCommGrid([1], ["dp"])
+    with pytest.raises(InvalidArgumentError, match=r"op='sum' is not a torch.distributed.ReduceOp"):
+        _op(call)(grid)
+    grid.destroy()
+
+
+TENSORS = {
+    "expanded": (lambda: torch.ones(1).expand(4), "expanded"),
+    "expanded 2-d": (lambda: torch.ones(3, 1).expand(3, 5), "expanded"),
+    "sparse": (lambda: torch.eye(3).to_sparse(), "dense"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TENSORS))
+def test_hierarchical_all_reduce_refuses_tensors_it_cannot_write_before_communicating(
+    case: str, one_rank_world: None
+) -> None:
+    make, expected = TENSORS[case]
+    grid = HyperCommGrid([1], ["dp"])
+    sent: list[str] = []
+    original = dist.all_reduce
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        sent.append("all_reduce")
+        return original(*args, **kwargs)
+
+    dist.all_reduce = counting
+    try:
+        with pytest.raises(InvalidArgumentError, match=expected):
+            grid.hierarchical_all_reduce(make(), "dp", ranks_per_node=1)
+    finally:
+        dist.all_reduce = original
+    assert sent == []
+    grid.destroy()
+
+
+@pytest.mark.parametrize("call", ["all_gather", "reduce_scatter"])
+def test_sparse_tensors_are_refused_by_gathering_collectives(call: str, one_rank_world: None) -> None:
+    grid = HyperCommGrid([1], ["dp"])
+    with pytest.raises(InvalidArgumentError, match="dense"):
+        getattr(grid, call)(torch.eye(2).to_sparse(), "dp")
+    grid.destroy()
+
+
+@pytest.mark.parametrize("value", ["yes please", "2", "on!"])
+def test_a_bad_check_collectives_variable_is_refused(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HYPERGRID_CHECK_COLLECTIVES", value)
+    with pytest.raises(InvalidArgumentError, match=repr(value)):
+        HyperCommGrid([1], ["dp"])
+    assert HyperCommGrid([1], ["dp"], check_collectives=False).check_collectives is False
+
+
+def test_every_refusal_is_a_hypergrid_error_and_a_builtin() -> None:
+    for error in (BackendError, InvalidArgumentError):
+        assert issubclass(error, (HyperGridError, ValueError))
+    assert issubclass(UnexpectedArgumentError, TypeError)

@@ -1,0 +1,89 @@
+"""Checked collectives on 4 real gloo ranks: every mismatch kind raises on every rank, matching calls are unchanged.
+
+Without the check these calls are undefined in torch (garbage, a hang, or
+SIGABRT: float64 against float32 aborts rank 0); with it, every rank raises
+``CollectiveMismatchError`` naming each distinct call and its ranks. Expected
+results of matching calls come from the unchecked grid in a separate run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from hypergrid import CollectiveMismatchError, HyperCommGrid, InvalidArgumentError, spawn
+from hypergrid.ops.checks import signature
+from tests.workers import checks as workers
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
+WORLD = 4
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["keyword", "environment"])
+def outcomes(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = spawn(workers.mismatch_scenarios, WORLD, (request.param,), timeout_s=200)
+    return out
+
+
+KINDS = sorted(workers.mismatches(0))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_mismatch_raises_on_every_rank_naming_both_calls(outcomes: list[dict[str, Any]], kind: str) -> None:
+    field = workers.mismatches(0)[kind][1]
+    for rank, outcome in enumerate(outcomes):
+        assert outcome["checking"] is True
+        seen = outcome[kind]
+        assert seen["error"] == "CollectiveMismatchError", (rank, kind, seen)
+        signatures = seen["signatures"]
+        assert sorted(signatures.values()) == [[0, 1, 2], [workers.ODD]], (rank, signatures)
+        odd = next(text for text, ranks in signatures.items() if ranks == [workers.ODD])
+        usual = next(text for text, ranks in signatures.items() if ranks != [workers.ODD])
+        assert f"{field}=" in odd and odd != usual, (odd, usual)
+        assert "rank(s) 0-2" in seen["message"] and f"rank(s) {workers.ODD}" in seen["message"]
+
+
+def test_the_groups_still_work_after_the_mismatches(outcomes: list[dict[str, Any]]) -> None:
+    expected = sum(torch.arange(4.0) + 100 * rank for rank in range(WORLD)).tolist()
+    assert [outcome["after"] for outcome in outcomes] == [expected] * WORLD
+
+
+def test_matching_calls_give_the_results_of_unchecked_ones() -> None:
+    checked = spawn(workers.matching_calls, WORLD, (True,), timeout_s=200)
+    unchecked = spawn(workers.matching_calls, WORLD, (False,), timeout_s=200)
+    assert checked == unchecked
+    # and the unchecked results are right: all_reduce over every rank sums every rank's data
+    total = sum(torch.arange(6.0) + 100 * rank for rank in range(WORLD)).tolist()
+    assert all(result[workers.FAMILY]["all_reduce"] == total for result in checked)
+
+
+def test_checking_is_off_by_default_and_the_flag_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HYPERGRID_CHECK_COLLECTIVES", raising=False)
+    assert HyperCommGrid([2], ["dp"]).check_collectives is False
+    monkeypatch.setenv("HYPERGRID_CHECK_COLLECTIVES", "1")
+    assert HyperCommGrid([2], ["dp"]).check_collectives is True
+    assert HyperCommGrid([2], ["dp"], check_collectives=False).check_collectives is False
+    with pytest.raises(InvalidArgumentError, match="check_collectives"):
+        HyperCommGrid([2], ["dp"], check_collectives=1)  # type: ignore[arg-type]
+
+
+def test_signatures_tell_every_field_apart() -> None:
+    base = signature("all_reduce", torch.ones(2, 3), torch.distributed.ReduceOp.SUM)
+    others = [
+        signature("all_reduce", torch.ones(3, 2), torch.distributed.ReduceOp.SUM),
+        signature("all_reduce", torch.ones(2, 3, dtype=torch.float64), torch.distributed.ReduceOp.SUM),
+        signature("all_reduce", torch.ones(2, 3), torch.distributed.ReduceOp.MAX),
+        signature("all_reduce", torch.ones(2, 3).to_sparse(), torch.distributed.ReduceOp.SUM),
+        signature("all_reduce", torch.ones(1, 1, 1, 1, 1, 1, 2, 3), torch.distributed.ReduceOp.SUM),
+        signature("all_reduce", [1.0], torch.distributed.ReduceOp.SUM),
+        signature("all_gather", torch.ones(2, 3), torch.distributed.ReduceOp.SUM),
+    ]
+    assert all(other != base and len(other) == len(base) for other in others)
+    deep = [signature("all_gather", torch.ones(1, 1, 1, 1, 1, 1, n, 2)) for n in (2, 3)]
+    assert deep[0] != deep[1]  # dims beyond the sixth still count
+
+
+def test_error_class() -> None:
+    assert issubclass(CollectiveMismatchError, RuntimeError)

@@ -1,0 +1,104 @@
+"""Numbers at the ends of the float range: refused with the project's errors; ``plan`` never returns NaN or inf."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hypergrid import HyperGridError, InvalidArgumentError
+from hypergrid.cluster.spans import MAX_ENUMERATED_RANKS
+from hypergrid.topology import Tier, Topology, Traffic, llm_step_traffic, plan
+from hypergrid.topology.planner import MAX_PLAN_ORDERS
+
+pytestmark = pytest.mark.timeout(120)
+
+HUGE = [10**400, float("inf"), float("nan"), -1.0, 0, np.float64("inf"), True]
+
+
+@pytest.mark.parametrize("value", HUGE, ids=repr)
+@pytest.mark.parametrize("field", ["bandwidth", "latency"])
+def test_tier_figures_beyond_a_float_are_refused(field: str, value: Any) -> None:
+    figures: dict[str, Any] = {"bandwidth": 1e9, "latency": 1e-6, field: value}
+    with pytest.raises(InvalidArgumentError, match=field):
+        Tier("net", None, **figures)
+
+
+@pytest.mark.parametrize("value", HUGE, ids=repr)
+def test_traffic_bytes_beyond_a_float_are_refused(value: Any) -> None:
+    if value == 0 and not isinstance(value, bool):
+        assert Traffic("tp", "all_reduce", value).bytes == 0.0
+        return
+    with pytest.raises(InvalidArgumentError, match="bytes"):
+        Traffic("tp", "all_reduce", value)
+
+
+@pytest.mark.parametrize("calls", [10**400, -1, 2.0, True])
+def test_traffic_calls_are_ints_a_float_can_hold(calls: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match="calls"):
+        Traffic("tp", "all_reduce", 1.0, calls)
+
+
+def test_numpy_numbers_are_numbers() -> None:
+    assert Traffic("tp", "all_reduce", np.float32(2.0), np.int64(3)).calls == 3
+    assert Tier("net", np.int64(8), np.float64(1e9), np.float32(1e-6)).size == 8
+
+
+@pytest.mark.parametrize("figure", ["params", "hidden"])
+def test_model_figures_beyond_a_float_are_refused(figure: str) -> None:
+    figures: dict[str, Any] = {"hidden": 64, "layers": 2, "seq_len": 8, "micro_batch": 1, "params": 1e6}
+    figures[figure] = 10**400
+    with pytest.raises(InvalidArgumentError, match=figure):
+        llm_step_traffic({"tp": 2}, **figures)
+
+
+EXTREME = Topology([Tier("a", 2, 1e-300, 1e300), Tier("b", None, 1e-300, 1e300)])
+
+
+@pytest.mark.parametrize(
+    "traffic",
+    [
+        [Traffic("tp", "all_reduce", 1e300, 0)],  # 0 calls of an infinitely slow collective: was NaN
+        [Traffic("tp", "all_reduce", 0.0, 5)],
+        [Traffic("dp", "send_recv", 1e300, 0), Traffic("tp", "all_gather", 0.0, 10**15)],
+    ],
+)
+def test_plan_never_returns_nan(traffic: list[Traffic]) -> None:
+    for candidate in plan({"tp": 4, "dp": 2}, traffic, EXTREME):
+        assert all(math.isfinite(seconds) for seconds in [candidate.seconds, *candidate.families.values()])
+        assert candidate.seconds == 0.0
+
+
+@pytest.mark.parametrize(
+    ("topology", "traffic"),
+    [
+        (EXTREME, Traffic("tp", "all_reduce", 1e300, 10)),
+        ("h100_8x", Traffic("tp", "all_reduce", 1e308, 10**15)),
+    ],
+)
+def test_plan_refuses_costs_a_float_cannot_hold(topology: Any, traffic: Traffic) -> None:
+    with pytest.raises(InvalidArgumentError, match="costs more seconds than a float holds"):
+        plan({"tp": 4, "dp": 2}, [traffic], topology)
+
+
+def test_split_over_many_dims_is_refused_above_the_limit_before_pricing() -> None:
+    sizes = {"a": 720720, "b": 1, "c": 1, "d": 1, "e": 1, "f": 1, "g": 1}
+    with pytest.raises(InvalidArgumentError, match=f"at most {MAX_PLAN_ORDERS:,}"):
+        plan(sizes, [Traffic("a", "all_reduce", 1e6)], "h100_8x", split=True)
+
+
+def test_split_counts_every_order_it_prices() -> None:
+    # 7 dims, a=64 has 5 proper divisors: 7! unsplit + 5 x 7! x 6 / 2 split orders, under the limit
+    sizes = {"a": 64, "b": 1, "c": 1, "d": 1, "e": 1, "f": 1, "g": 1}
+    assert len(plan(sizes, [Traffic("a", "all_reduce", 1e6)], "h100_8x", split=True)) == 5040 + 5 * 15120
+
+
+def test_a_grid_too_large_to_list_is_refused_not_allocated() -> None:
+    with pytest.raises(InvalidArgumentError, match=f"at most {MAX_ENUMERATED_RANKS:,} ranks"):
+        plan({"a": 2**31 - 2}, [Traffic("a", "all_reduce", 1e6)], "h100_8x")
+
+
+def test_refusals_are_hypergrid_errors() -> None:
+    assert issubclass(InvalidArgumentError, HyperGridError)
