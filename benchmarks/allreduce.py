@@ -3,6 +3,7 @@
     python benchmarks/allreduce.py --shape 2,2,2 --dims tp,cp,dp [--families all | "tp;cp,dp"]
         [--minbytes 1K --maxbytes 64M --stepfactor 2] [--iters 20 --warmup 5] [--dtype float32]
         [--op all_reduce|reduce_scatter|all_gather] [--backend gloo|nccl] [--json PATH] [--plot PATH]
+        [--checked]
 
 Without torchrun (no RANK in the environment) it starts prod(shape) local gloo
 processes itself. Under torchrun it joins through env:// and uses NCCL with CUDA
@@ -16,6 +17,11 @@ algbw = size / time, busbw = algbw x factor (all_reduce 2(n-1)/n, reduce_scatter
 and all_gather (n-1)/n, n = group size) and #wrong, the elements that fail the
 data check. The same groups built with plain ``dist.new_group`` are measured in
 the same run ("raw" rows); the summary gives the ratio hypergrid / raw busbw.
+
+``--checked`` adds two more rows per size, both through the grid's own method
+(``grid.all_reduce`` ...): "unchecked" and "checked" (``check_collectives=True``,
+one small all-gather of the call's signature first), interleaved with the others;
+a second summary gives the ratio checked / unchecked of the median times.
 """
 
 from __future__ import annotations
@@ -119,6 +125,22 @@ class _Collective:
         return int((self.recv != self.expected).sum().item())
 
 
+class _GridCollective(_Collective):
+    """The same collective through a grid's method (``grid.all_reduce`` ...), checked or not."""
+
+    def __init__(self, op: str, size: int, dtype: torch.dtype, grid: HyperCommGrid, family: Any, device: Any) -> None:
+        super().__init__(op, size, dtype, grid.pg(family), device)
+        self.grid, self.family = grid, family
+
+    def run(self) -> None:
+        if self.op == "all_reduce":
+            self.grid.all_reduce(self.send, self.family)
+        elif self.op == "reduce_scatter":
+            self.recv.copy_(self.grid.reduce_scatter(self.send, self.family))
+        else:
+            self.recv.copy_(self.grid.all_gather(self.send, self.family))
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -128,6 +150,11 @@ def measure(config: dict[str, Any]) -> list[dict[str, Any]]:
     """On every rank: build the grid and the raw groups, run the sweep, return the rows (equal on all ranks)."""
     config = _agree(config)
     grid = HyperCommGrid(config["shape"], config["dims"], backend=config["backend"])
+    through_grid = {
+        impl: HyperCommGrid(config["shape"], config["dims"], backend=config["backend"], check_collectives=check)
+        for impl, check in (("unchecked", False), ("checked", True))
+        if config.get("checked")
+    }
     layout = grid.layout
     device = default_device()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -150,6 +177,8 @@ def measure(config: dict[str, Any]) -> list[dict[str, Any]]:
         groups["raw"] = raw
         for size in config["sizes"]:
             collectives = {impl: _Collective(config["op"], size, dtype, g, device) for impl, g in groups.items()}
+            for impl, other in through_grid.items():
+                collectives[impl] = _GridCollective(config["op"], size, dtype, other, family, device)
             for collective in collectives.values():
                 for _ in range(config["warmup"]):
                     collective.run()
@@ -171,6 +200,8 @@ def measure(config: dict[str, Any]) -> list[dict[str, Any]]:
                     progress(format_row(row, config))
         if raw is not None:
             dist.destroy_process_group(raw)
+    for other in through_grid.values():
+        other.destroy()
     grid.destroy()
     return rows
 
@@ -243,6 +274,17 @@ def summary(rows: list[dict[str, Any]], at_bytes: int) -> list[tuple[str, int, f
     return out
 
 
+def checked_summary(rows: list[dict[str, Any]]) -> list[tuple[str, int, float, float, float]]:
+    """Per family and size: the median time of a checked and an unchecked call, and their ratio."""
+    out = []
+    for family, size in dict.fromkeys((row["family"], row["size_bytes"]) for row in rows):
+        at = {r["impl"]: r for r in rows if r["family"] == family and r["size_bytes"] == size}
+        if "checked" in at and "unchecked" in at:
+            on, off = at["checked"]["time_us_median"], at["unchecked"]["time_us_median"]
+            out.append((family, size, on, off, on / off))
+    return out
+
+
 def plot(rows: list[dict[str, Any]], path: pathlib.Path, title: str) -> None:
     """busbw vs size, one line per family (solid: hypergrid, dotted: raw new_group)."""
     import matplotlib
@@ -253,7 +295,7 @@ def plot(rows: list[dict[str, Any]], path: pathlib.Path, title: str) -> None:
     figure, axes = plt.subplots(figsize=(8, 5))
     for index, family in enumerate(dict.fromkeys(row["family"] for row in rows)):
         color = f"C{index % 10}"
-        for impl, style in (("hypergrid", "-"), ("raw", ":")):
+        for impl, style in (("hypergrid", "-"), ("raw", ":")):  # --checked rows: in the JSON and the table
             mine = [r for r in rows if r["family"] == family and r["impl"] == impl]
             label = family if impl == "hypergrid" else None
             axes.plot([r["size_bytes"] for r in mine], [r["busbw_gbps"] for r in mine], style, color=color, label=label)
@@ -286,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--summary-at", default="16M", help="size for the hypergrid/raw ratio (default 16M)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="hard limit in seconds for local runs")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--checked", action="store_true", help="also time grid calls with check_collectives on/off")
     return parser
 
 
@@ -312,6 +355,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         "op": args.op,
         "backend": args.backend,
         "progress": not args.quiet,
+        "checked": args.checked,
     }
 
 
@@ -351,6 +395,12 @@ def main(argv: list[str] | None = None) -> int:
             f"# median over families: ratio {median([r[4] for r in results]):.3f}, "
             f"from medians {median([r[5] for r in results]):.3f}"
         )
+    checked = checked_summary(rows)
+    if checked:
+        print("\n# checked collectives: median time per call, checked / unchecked (both through the grid)")
+        for family, size, on, off, ratio in checked:
+            line = f"checked {on:9.1f} us  unchecked {off:9.1f} us  ratio {ratio:5.2f}"
+            print(f"{family:<10} {human_bytes(size):>6}  {line}")
     wrong = sum(row["wrong"] for row in rows)
     print(f"# total #wrong: {wrong}")
     if args.json:

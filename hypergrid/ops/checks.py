@@ -191,8 +191,11 @@ def compare_calls(groups: Sequence[dist.ProcessGroup], row: list[int], tensor: o
         gathered = rows.new_empty((dist.get_world_size(group) * rows.shape[0], rows.shape[1]))
         all_gather_single(gathered, rows, group=group)
         rows = gathered
+    table = rows.tolist()
+    if all(fields[1:] == table[0][1:] for fields in table):
+        return  # the usual case: nothing to describe
     calls: dict[str, list[int]] = {}
-    for rank, *fields in rows.tolist():
+    for rank, *fields in table:
         calls.setdefault(_describe(fields, call), []).append(rank)
     if len(calls) > 1:
         listed = "; ".join(f"{text} on rank(s) {format_ranks(ranks)}" for text, ranks in calls.items())

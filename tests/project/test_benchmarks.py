@@ -184,3 +184,20 @@ def test_creation_bad_arguments(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         creation.main(argv)
     assert exit_info.value.code == 2
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(240)
+def test_checked_rows_time_both_grid_calls_in_the_same_run(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    json_path = tmp_path / "rows.json"
+    argv = ["--shape", "2,2", "--dims", "tp,dp", "--families", "dp-tp", "--minbytes", "1K", "--maxbytes", "1K"]
+    argv += ["--iters", "2", "--warmup", "1", "--checked", "--json", str(json_path), "--quiet"]
+    assert allreduce.main(argv) == 0
+    records = json.loads(json_path.read_text())
+    assert sorted(r["impl"] for r in records) == ["checked", "hypergrid", "raw", "unchecked"]
+    assert all(r["wrong"] == 0 for r in records)
+    [(family, size, on, off, ratio)] = allreduce.checked_summary(records)
+    assert (family, size) == ("dp-tp", 1024) and ratio == pytest.approx(on / off)
+    assert "checked / unchecked" in capsys.readouterr().out
