@@ -9,7 +9,7 @@ import numpy as np
 
 from hypergrid.errors import InvalidArgumentError
 
-__all__ = ["MAX_TIMEOUT_S", "as_int", "as_number", "is_int", "check_timeout", "format_ranks"]
+__all__ = ["MAX_TIMEOUT_S", "as_int", "as_number", "is_int", "check_timeout", "format_ranks", "shown"]
 
 #: The longest timeout hypergrid passes on (100 years, in seconds). torch and gloo turn a
 #: timeout into a deadline, now + timeout, in int64 nanoseconds since 1970, which overflows at
@@ -38,6 +38,27 @@ def is_int(value: object) -> bool:
         (True, True, False, False)
     """
     return as_int(value) is not None
+
+
+def shown(value: object, limit: int = 120) -> str:
+    """``repr(value)`` for a message: shortened past ``limit`` characters, and never an error.
+
+    Python refuses to print an int of more than 4,300 digits (``ValueError``);
+    a message that quotes one must not fail in its place.
+
+    Examples:
+        >>> shown(3), shown("x"), shown(10**5000), shown([10**5000])
+        ('3', "'x'", '<an int of 16610 bits>', '<a list too long to print>')
+        >>> shown(10**400)  # doctest: +ELLIPSIS
+        '1000000000...(401 characters)'
+    """
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond the digit limit, or a container holding one
+        if isinstance(value, int):
+            return f"<an int of {value.bit_length()} bits>"
+        return f"<a {type(value).__name__} too long to print>"
+    return text if len(text) <= limit else f"{text[: limit - 30]}...({len(text)} characters)"
 
 
 def as_number(value: object) -> float | None:
@@ -76,7 +97,7 @@ def check_timeout(value: object, name: str) -> float:
     if number is None or not 0 < number <= MAX_TIMEOUT_S:
         raise InvalidArgumentError(
             f"{name} must be a positive number of seconds up to {MAX_TIMEOUT_S:.0f} (100 years; longer "
-            f"deadlines overflow inside torch), got {value!r}"
+            f"deadlines overflow inside torch), got {shown(value)}"
         )
     return number
 

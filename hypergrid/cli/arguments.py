@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import NoReturn
 
 from hypergrid.errors import InvalidArgumentError
+from hypergrid.values import shown
 
 __all__ = ["OneLineParser", "check_output", "parse_int", "require_module", "write_text", "writing"]
 
@@ -50,7 +51,7 @@ def parse_int(text: str, what: str, minimum: int = 0) -> int:
         hypergrid.errors.InvalidArgumentError: --top must be an int >= 1 written in digits 0-9, got '²'
     """
     if not isinstance(text, str) or not _INT.fullmatch(text) or int(text) < minimum:
-        raise InvalidArgumentError(f"{what} must be an int >= {minimum} written in digits 0-9, got {text!r}")
+        raise InvalidArgumentError(f"{what} must be an int >= {minimum} written in digits 0-9, got {shown(text)}")
     return int(text)
 
 

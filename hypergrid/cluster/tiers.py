@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hypergrid.errors import InvalidArgumentError
-from hypergrid.values import as_number, is_int
+from hypergrid.layout import MAX_WORLD_SIZE
+from hypergrid.values import as_number, is_int, shown
 
 __all__ = ["PRESETS", "Tier", "Topology"]
 
@@ -19,7 +20,7 @@ __all__ = ["PRESETS", "Tier", "Topology"]
 def _positive_number(value: object, what: str) -> float:
     number = as_number(value)
     if number is None or number <= 0:
-        raise InvalidArgumentError(f"{what} must be a positive finite number (a float can hold it), got {value!r}")
+        raise InvalidArgumentError(f"{what} must be a positive finite number (a float can hold it), got {shown(value)}")
     return number
 
 
@@ -36,8 +37,9 @@ class Tier:
         latency: seconds per algorithm step (one message hop) over this tier.
 
     Raises:
-        InvalidArgumentError: a name that is not a non-empty str, a size that is not a
-            positive int or ``None``, a non-positive bandwidth or latency.
+        InvalidArgumentError: a name that is not a non-empty str, a size that is not an
+            int from 1 to 2**31-1 or ``None``, a bandwidth or latency that is not a
+            positive number a float can hold.
 
     Examples:
         >>> Tier("nvlink", 8, 370e9, 3e-6)
@@ -52,9 +54,10 @@ class Tier:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise InvalidArgumentError(f"a tier's name must be a non-empty str, got {self.name!r}")
-        if self.size is not None and (not is_int(self.size) or self.size < 1):
+        if self.size is not None and (not is_int(self.size) or not 1 <= self.size <= MAX_WORLD_SIZE):
             raise InvalidArgumentError(
-                f"tier {self.name!r}: size must be a positive int (or None for the outermost tier), got {self.size!r}"
+                f"tier {self.name!r}: size must be an int from 1 to 2**31-1 (the largest world), or None for the "
+                f"outermost tier; got {shown(self.size)}"
             )
         object.__setattr__(self, "size", None if self.size is None else int(self.size))
         object.__setattr__(self, "bandwidth", _positive_number(self.bandwidth, f"tier {self.name!r}: bandwidth"))

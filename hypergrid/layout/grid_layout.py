@@ -45,7 +45,7 @@ from hypergrid.layout.spec import (
     int_array,
     resolve_shape,
 )
-from hypergrid.values import as_int, is_int
+from hypergrid.values import as_int, is_int, shown
 
 __all__ = ["KEY_SEPARATOR", "MAX_WORLD_SIZE", "Dims", "GridLayout", "resolve_shape"]
 
@@ -104,8 +104,8 @@ class GridLayout(NamedCoordinates):
         if offset + size > MAX_WORLD_SIZE:
             overflow = " (more than int64 can hold)" if size >= 2**63 else ""
             raise GridSpecError(
-                f"grid of shape {list(sizes)} has {size} ranks{overflow}; with rank_offset {offset} it needs a "
-                f"world of {offset + size} ranks, but world sizes are 32-bit: at most 2**31-1 = "
+                f"grid of shape {shown(list(sizes))} has {shown(size)} ranks{overflow}; with rank_offset {offset} it "
+                f"needs a world of {shown(offset + size)} ranks, but world sizes are 32-bit: at most 2**31-1 = "
                 f"{MAX_WORLD_SIZE}"
             )
         strides = tuple(math.prod(sizes[:i]) for i in range(len(sizes)))

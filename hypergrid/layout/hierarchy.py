@@ -37,7 +37,7 @@ from functools import lru_cache
 
 from hypergrid.errors import InvalidArgumentError, WorldSizeError
 from hypergrid.layout import Dims, GridLayout
-from hypergrid.values import as_int
+from hypergrid.values import as_int, shown
 
 __all__ = ["SCOPES", "NodeSplit", "hierarchical_family", "node_size", "node_split", "resolve_scope"]
 
@@ -96,7 +96,7 @@ def node_size(value: int | None) -> int:
             raise WorldSizeError(f"LOCAL_WORLD_SIZE={text!r} is not a positive int (ranks per node)")
     number = as_int(value)
     if number is None or number < 1:
-        raise WorldSizeError(f"ranks_per_node must be a positive int (Python or numpy), got {value!r}")
+        raise WorldSizeError(f"ranks_per_node must be a positive int (Python or numpy), got {shown(value)}")
     return number
 
 

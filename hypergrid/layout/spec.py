@@ -20,7 +20,7 @@ from typing import Union
 import numpy as np
 
 from hypergrid.errors import GridSpecError, RankError
-from hypergrid.values import as_int, is_int
+from hypergrid.values import as_int, is_int, shown
 
 __all__ = ["MAX_WORLD_SIZE", "Dims", "check_dim_names", "check_offset", "check_shape", "int_array", "resolve_shape"]
 
@@ -40,7 +40,7 @@ def check_shape(shape: object) -> tuple[int, ...]:
         raise GridSpecError("shape must have at least one dim, got an empty shape")
     for position, size in enumerate(sizes):
         if not is_int(size) or size < 1:
-            raise GridSpecError(f"shape[{position}] must be a positive int, got {size!r} in shape {list(sizes)!r}")
+            raise GridSpecError(f"shape[{position}] must be a positive int, got {shown(size)} in shape {shown(sizes)}")
     return tuple(int(size) for size in sizes)
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from hypergrid.errors import DimsError, InvalidArgumentError
 from hypergrid.layout import KEY_SEPARATOR
 from hypergrid.topology.cost import check_op
-from hypergrid.values import as_number, is_int
+from hypergrid.values import as_number, is_int, shown
 
 __all__ = ["Traffic", "llm_step_traffic"]
 
@@ -56,9 +56,9 @@ class Traffic:
         check_op(op)
         size = as_number(bytes)
         if size is None or size < 0:
-            raise InvalidArgumentError(f"traffic bytes must be a finite number >= 0 (a float), got {bytes!r}")
+            raise InvalidArgumentError(f"traffic bytes must be a finite number >= 0 (a float), got {shown(bytes)}")
         if not is_int(calls) or calls < 0 or as_number(calls) is None:
-            raise InvalidArgumentError(f"traffic calls must be an int >= 0 that a float can hold, got {calls!r}")
+            raise InvalidArgumentError(f"traffic calls must be an int >= 0 that a float can hold, got {shown(calls)}")
         set_attr = object.__setattr__
         set_attr(self, "dims", tuple(names))
         set_attr(self, "op", op)
@@ -71,7 +71,7 @@ def _positive(value: object, what: str, allow_zero: bool = False) -> float:
     number = as_number(value)
     if number is None or number < 0 or (number == 0 and not allow_zero):
         raise InvalidArgumentError(
-            f"{what} must be a {'non-negative' if allow_zero else 'positive'} number, got {value!r}"
+            f"{what} must be a {'non-negative' if allow_zero else 'positive'} number, got {shown(value)}"
         )
     return number
 
@@ -129,7 +129,7 @@ def llm_step_traffic(
     """
     for name, size in sizes.items():
         if not is_int(size) or size < 1:
-            raise InvalidArgumentError(f"size of dim {name!r} must be a positive int, got {size!r}")
+            raise InvalidArgumentError(f"size of dim {name!r} must be a positive int, got {shown(size)}")
     figures = {
         "hidden": hidden,
         "layers": layers,

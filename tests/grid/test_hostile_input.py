@@ -17,12 +17,13 @@ import torch.distributed as dist
 
 from hypergrid import (
     BackendError,
+    GridSpecError,
     HyperCommGrid,
     HyperGridError,
     InvalidArgumentError,
     UnexpectedArgumentError,
 )
-from hypergrid.values import MAX_TIMEOUT_S
+from hypergrid.values import MAX_TIMEOUT_S, shown
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -103,10 +104,18 @@ def test_the_longest_timeout_allowed_works(one_rank_world: None) -> None:
     grid.destroy()
 
 
-@pytest.mark.parametrize("seconds", [float("inf"), float("nan"), 10**400, MAX_TIMEOUT_S * 2, np.float64("inf")])
+@pytest.mark.parametrize(
+    "seconds", [float("inf"), float("nan"), 10**400, 10**5000, MAX_TIMEOUT_S * 2, np.float64("inf")], ids=shown
+)
 def test_guard_timeouts_beyond_a_float_or_the_limit_are_refused(seconds: Any) -> None:
     with pytest.raises(InvalidArgumentError, match="guard_timeout_s"):
         HyperCommGrid([1], ["dp"], guard_timeout_s=seconds)
+
+
+@pytest.mark.parametrize("shape", [[10**5000], [2, 10**5000]], ids=["one-dim", "two-dims"])
+def test_shapes_too_long_to_print_are_a_grid_spec_error(shape: list[int]) -> None:
+    with pytest.raises(GridSpecError, match="too long to print"):
+        HyperCommGrid(shape, ["a", "b"][: len(shape)])
 
 
 def test_get_pg_with_a_creation_option_names_it(one_rank_world: None) -> None:

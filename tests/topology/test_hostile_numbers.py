@@ -12,13 +12,14 @@ from hypergrid import HyperGridError, InvalidArgumentError
 from hypergrid.cluster.spans import MAX_ENUMERATED_RANKS
 from hypergrid.topology import Tier, Topology, Traffic, llm_step_traffic, plan
 from hypergrid.topology.planner import MAX_PLAN_ORDERS
+from hypergrid.values import shown
 
 pytestmark = pytest.mark.timeout(120)
 
-HUGE = [10**400, float("inf"), float("nan"), -1.0, 0, np.float64("inf"), True]
+HUGE = [10**5000, 10**400, float("inf"), float("nan"), -1.0, 0, np.float64("inf"), True]
 
 
-@pytest.mark.parametrize("value", HUGE, ids=repr)
+@pytest.mark.parametrize("value", HUGE, ids=shown)
 @pytest.mark.parametrize("field", ["bandwidth", "latency"])
 def test_tier_figures_beyond_a_float_are_refused(field: str, value: Any) -> None:
     figures: dict[str, Any] = {"bandwidth": 1e9, "latency": 1e-6, field: value}
@@ -26,7 +27,7 @@ def test_tier_figures_beyond_a_float_are_refused(field: str, value: Any) -> None
         Tier("net", None, **figures)
 
 
-@pytest.mark.parametrize("value", HUGE, ids=repr)
+@pytest.mark.parametrize("value", HUGE, ids=shown)
 def test_traffic_bytes_beyond_a_float_are_refused(value: Any) -> None:
     if value == 0 and not isinstance(value, bool):
         assert Traffic("tp", "all_reduce", value).bytes == 0.0
@@ -39,6 +40,20 @@ def test_traffic_bytes_beyond_a_float_are_refused(value: Any) -> None:
 def test_traffic_calls_are_ints_a_float_can_hold(calls: Any) -> None:
     with pytest.raises(InvalidArgumentError, match="calls"):
         Traffic("tp", "all_reduce", 1.0, calls)
+
+
+@pytest.mark.parametrize("size", [10**400, 10**5000, 2**31, 0, 2.0], ids=shown)
+def test_tier_sizes_beyond_the_largest_world_are_refused(size: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match="size must be an int from 1 to 2\\*\\*31-1"):
+        Tier("node", size, 1e9, 1e-6)
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: Tier("a", None, 10**5000, 1.0), lambda: Traffic("tp", "all_reduce", 1.0, 10**5000)]
+)
+def test_ints_too_long_to_print_still_give_the_projects_error(make: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match="an int of 16610 bits"):
+        make()
 
 
 def test_numpy_numbers_are_numbers() -> None:
