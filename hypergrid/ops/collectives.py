@@ -62,8 +62,8 @@ def tensor_dim(tensor: object, dim: object, what: str) -> int:
     return index % ndim
 
 
-def _check_tensor(tensor: object, what: str, dense: bool = False) -> torch.Tensor:
-    """``tensor`` if it is a tensor (with ``dense``: a strided one whose elements do not share memory)."""
+def _check_tensor(tensor: object, what: str, dense: bool = False, written: bool = False) -> torch.Tensor:
+    """``tensor`` if it is a tensor; with ``dense`` a strided one; with ``written`` one whose elements own memory."""
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"{what} needs a torch.Tensor, got {tensor!r}")
     if dense and tensor.layout != torch.strided:
@@ -71,7 +71,7 @@ def _check_tensor(tensor: object, what: str, dense: bool = False) -> torch.Tenso
             f"{what} needs a dense (strided) tensor, got a {tensor.layout} tensor of shape {list(tensor.shape)}; "
             "pass tensor.to_dense()"
         )
-    if dense and any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape)):
+    if written and any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape)):
         raise InvalidArgumentError(
             f"{what} writes its result into the tensor, but this one (shape {list(tensor.shape)}, strides "
             f"{list(tensor.stride())}) is expanded: several elements share one memory location; pass tensor.clone()"
@@ -89,12 +89,10 @@ class Collectives(GridFacet):
 
         _root: Any
 
-    def _compare_call(
-        self, call: str, dims: Dims, tensor: object, op: object = None, extra: object = None, **half: Any
-    ) -> None:
+    def _compare_call(self, call: str, dims: Dims, tensor: object, op: object = None, extra: object = None) -> None:
         """With checked collectives on: create the family if needed and compare this call across the group."""
         if self._root.check_collectives:
-            compare_calls([self._member_pg(dims, call, **half)], signature(call, tensor, op, extra), tensor, call, dims)
+            compare_calls([self._member_pg(dims, call)], signature(call, tensor, op, extra), tensor, call, dims)
 
     def _chunk_dim(self, tensor: torch.Tensor, dims: Dims, dim: int, what: str) -> tuple[int, int]:
         """``(dim, chunk size)`` for splitting ``tensor`` along ``dim`` into one chunk per group member."""
@@ -332,7 +330,7 @@ class Collectives(GridFacet):
         what, per_node = "hierarchical_all_reduce", {"ranks_per_node": ranks_per_node}
         checking = self._root.check_collectives
         if not checking:
-            _check_tensor(tensor, what, dense=True)
+            _check_tensor(tensor, what, dense=True, written=True)
             check_reduce_op(op, what)
         self.pg(dims, across="node", **per_node)  # every rank takes part in both creations before any raises
         inner = self._member_pg(dims, what, within="node", **per_node)
@@ -345,7 +343,7 @@ class Collectives(GridFacet):
             )
         if checking:
             compare_calls([inner, outer], signature(what, tensor, op), tensor, what, dims)
-            _check_tensor(tensor, what, dense=True)
+            _check_tensor(tensor, what, dense=True, written=True)
             check_reduce_op(op, what)
         k, count = dist.get_world_size(inner), tensor.numel()
         flat = tensor.detach().reshape(-1)

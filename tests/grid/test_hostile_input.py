@@ -185,6 +185,13 @@ def test_hierarchical_all_reduce_refuses_tensors_it_cannot_write_before_communic
 
 
 @pytest.mark.parametrize("call", ["all_gather", "reduce_scatter"])
+def test_expanded_inputs_are_read_fine(call: str, one_rank_world: None) -> None:
+    grid = HyperCommGrid([1], ["dp"])
+    assert getattr(grid, call)(torch.ones(1).expand(4), "dp").tolist() == [1.0] * 4
+    grid.destroy()
+
+
+@pytest.mark.parametrize("call", ["all_gather", "reduce_scatter"])
 def test_sparse_tensors_are_refused_by_gathering_collectives(call: str, one_rank_world: None) -> None:
     grid = HyperCommGrid([1], ["dp"])
     with pytest.raises(InvalidArgumentError, match="dense"):
