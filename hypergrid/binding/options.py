@@ -101,8 +101,8 @@ def check_group_options(options: Mapping[str, Any] | None, what: str = "group_op
         isinstance(timeout, datetime.timedelta) and 0 < timeout.total_seconds() <= MAX_TIMEOUT_S
     ):
         raise InvalidArgumentError(
-            f"timeout must be None or a positive datetime.timedelta of at most 100 years "
-            f"({datetime.timedelta(seconds=MAX_TIMEOUT_S)}; torch's deadlines overflow beyond), got {timeout!r}"
+            f"timeout must be a positive datetime.timedelta of at most 100 years "
+            f"({datetime.timedelta(seconds=MAX_TIMEOUT_S)}; torch's deadlines overflow beyond) or None, got {timeout!r}"
         )
     desc = checked.get("group_desc")
     if desc is not None and not isinstance(desc, str):
