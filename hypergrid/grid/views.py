@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hypergrid.agreement.guard import grid_ordinal
 from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, tagged, untagged
 from hypergrid.errors import DimsError, GridSpecError, ViewNotFoundError
@@ -118,6 +119,9 @@ class Views(GridFacet):
         _views: dict[str, RankView]
         share_groups: bool
         group_options: dict[str, Any]
+        _ordinal: int
+
+        def _describe(self) -> str: ...
 
         def __init__(
             self,
@@ -294,4 +298,5 @@ class Views(GridFacet):
             group_options=root.group_options,
         )
         bound._root, bound._view_name = root, name
+        grid_ordinal(bound._describe(), forget=bound._ordinal)  # a view creates through its root: no grid of its own
         return bound
