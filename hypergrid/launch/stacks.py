@@ -39,7 +39,7 @@ STACK_DIR_ENV = "HYPERGRID_STACK_DIR"
 #: The function each spawned rank starts in; frames from it outward are the launcher's, not the user's.
 _ENTRY = ("hypergrid/launch/processes.py", "_worker")
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in (?P<function>.+)$')
-_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 _LIBRARY_DIRS = tuple(
     {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
     | {str(pathlib.Path(__file__).resolve().parents[1])}  # hypergrid itself
@@ -108,7 +108,7 @@ def enable_stack_dumps(
     path = stack_file(chosen, number)
     path.parent.mkdir(parents=True, exist_ok=True)
     disable_stack_dumps(sig)
-    handle = path.open("w", encoding="utf-8")
+    handle = path.open("a", encoding="utf-8")  # appends: a reader may empty the file between dumps
     _open_files[sig] = handle
     faulthandler.register(sig, file=handle, all_threads=True, chain=False)
     return path
@@ -212,11 +212,18 @@ def read_stack_dumps(directory: str | os.PathLike[str], ranks: Iterable[int] | N
 
 
 def _threads(text: str) -> list[list[_Frame]]:
-    """The threads of a ``faulthandler`` dump, current thread first, frames outermost first."""
+    """The threads of the last ``faulthandler`` dump in ``text``, current thread first, frames outermost first.
+
+    A file may hold several dumps (one per signal); a thread seen again starts the next one.
+    """
     threads: list[tuple[bool, list[_Frame]]] = []
+    seen: set[str] = set()
     for line in text.splitlines():
         header = _THREAD.match(line)
         if header:
+            if header.group(2) in seen:
+                threads, seen = [], set()
+            seen.add(header.group(2))
             threads.append((header.group(1) == "Current thread", []))
             continue
         frame = _FRAME.match(line)

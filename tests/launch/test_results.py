@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
 
 import pytest
@@ -13,10 +14,11 @@ from hypergrid.layout import GridLayout
 from tests.workers import author as workers
 
 pytestmark = [pytest.mark.processes]
-STRESS_RUNS = 10  # docs/api.md gives the 50-run figure, measured once
+# docs/api.md gives the 50-run figure, measured once with HYPERGRID_STRESS_RUNS=50.
+STRESS_RUNS = int(os.environ.get("HYPERGRID_STRESS_RUNS", "10"))
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(120 * STRESS_RUNS)  # generous: 8 processes per run on 2 shared cores
 def test_eight_ranks_return_eight_tensors_of_one_mib_every_time() -> None:
     for run in range(STRESS_RUNS):
         results = spawn(workers.eight_tensors, 8, timeout_s=240)

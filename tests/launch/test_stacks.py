@@ -49,7 +49,9 @@ def test_a_torchrun_rank_with_the_env_variable_says_where_it_hangs(tmp_path: pat
     process = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-        os.kill(process.pid, signal.SIGUSR1)
+        for _ in range(2):  # asked twice: the file holds two dumps, the report shows one
+            os.kill(process.pid, signal.SIGUSR1)
+            time.sleep(0.5)
         deadline = time.monotonic() + 30
         while "in <module>" not in read_stack_dumps(tmp_path) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -59,7 +61,8 @@ def test_a_torchrun_rank_with_the_env_variable_says_where_it_hangs(tmp_path: pat
         process.wait()
     assert report.splitlines()[0] == "rank 0 is at:", report
     assert f'File "{script}", line 6, in <module>' in report
-    assert "time.sleep(120)  # the line this rank hangs on" in report
+    assert report.count("time.sleep(120)  # the line this rank hangs on") == 1, report
+    assert (tmp_path / "rank0.stack").read_text().count("in <module>") == 2
 
 
 DUMP = """Thread 0x00007f0000000001 (most recent call first):
@@ -89,6 +92,12 @@ def test_a_report_keeps_the_users_frames_their_calls_and_the_innermost() -> None
         "  (1 library frame left out)",
         '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2753, in send',
     ]
+
+
+def test_of_several_dumps_in_one_file_the_last_is_read() -> None:
+    earlier = DUMP.replace("line 12 in step", "line 11 in step").replace("line 40 in forward", "line 39 in forward")
+    assert cut_frames(earlier + DUMP) == cut_frames(DUMP)
+    assert cut_frames(DUMP + earlier) == cut_frames(earlier) != cut_frames(DUMP)
 
 
 def test_a_dump_without_frames_or_a_missing_rank_is_said_plainly(tmp_path: pathlib.Path) -> None:
