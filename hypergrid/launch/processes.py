@@ -46,6 +46,8 @@ __all__ = ["default_device", "init_from_env", "spawn"]
 _HOST = "127.0.0.1"
 # After one worker fails, how long to let the others' exit codes land before reporting.
 _SETTLE_SECONDS = 0.5
+# What a worker's message says: it raised, it returned (pickled bytes follow), or its value cannot be pickled.
+_FAILED, _RETURNED, _UNPICKLABLE = "failed", "returned", "unpicklable"
 
 
 @dataclass(frozen=True)
@@ -138,9 +140,6 @@ def _worker(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-_FAILED, _RETURNED, _UNPICKLABLE = "failed", "returned", "unpicklable"
 
 
 def _pickled(rank: int, value: Any) -> tuple[int, str, Any]:
