@@ -3,6 +3,7 @@
     python benchmarks/allreduce.py --shape 2,2,2 --dims tp,cp,dp [--families all | "tp;cp,dp"]
         [--minbytes 1K --maxbytes 64M --stepfactor 2] [--iters 20 --warmup 5] [--dtype float32]
         [--op all_reduce|reduce_scatter|all_gather] [--backend gloo|nccl] [--json PATH] [--plot PATH]
+        [--grad-params 100]
 
 Without torchrun (no RANK in the environment) it starts prod(shape) local gloo
 processes itself. Under torchrun it joins through env:// and uses NCCL with CUDA
