@@ -93,3 +93,19 @@ def test_bad_arguments_are_refused_before_any_group_is_created(
     with pytest.raises(error, match=text.replace("(", r"\(").replace(")", r"\)")):
         grid.average_gradients(*args, **kwargs)
     assert grid.created_keys == []
+
+
+@pytest.mark.usefixtures("one_rank_world")
+@pytest.mark.parametrize(("backend", "op"), [("gloo", dist.ReduceOp.SUM), ("nccl", dist.ReduceOp.AVG)])
+def test_avg_where_the_backend_has_it_else_sum_and_divide(
+    backend: str, op: dist.ReduceOp.RedOpType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    grid = HyperCommGrid([1], ["dp"])
+    grid.pg("dp")
+    params = _model_with_grads(3, 4)
+    ops: list[Any] = []
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, op=None, group=None: ops.append(op))
+    grid.average_gradients(params, "dp")
+    assert ops == [op]
+    grid.destroy()
