@@ -3,6 +3,7 @@
     python benchmarks/allreduce.py --shape 2,2,2 --dims tp,cp,dp [--families all | "tp;cp,dp"]
         [--minbytes 1K --maxbytes 64M --stepfactor 2] [--iters 20 --warmup 5] [--dtype float32]
         [--op all_reduce|reduce_scatter|all_gather] [--backend gloo|nccl] [--json PATH] [--plot PATH]
+        [--grad-params 100]
 
 Without torchrun (no RANK in the environment) it starts prod(shape) local gloo
 processes itself. Under torchrun it joins through env:// and uses NCCL with CUDA
@@ -16,6 +17,13 @@ algbw = size / time, busbw = algbw x factor (all_reduce 2(n-1)/n, reduce_scatter
 and all_gather (n-1)/n, n = group size) and #wrong, the elements that fail the
 data check. The same groups built with plain ``dist.new_group`` are measured in
 the same run ("raw" rows); the summary gives the ratio hypergrid / raw busbw.
+
+Then gradient averaging over ``dp`` (the whole grid when there is no ``dp``)
+for a model of ``--grad-params`` small parameters (default 100, 0 skips it):
+``grid.average_gradients`` (flat buckets, one all-reduce each) against one
+all-reduce and a divide per parameter, interleaved in the same run; the line
+gives each one's median time (the median over ranks of each rank's median) and
+the ratio per-parameter / bucketed, and checks that both give the same gradients.
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import torch
 import torch.distributed as dist
 
-from benchmarks.common import bandwidths, human_bytes, median, parse_bytes, progress, size_sweep, write_json
+from benchmarks.common import bandwidths, human_bytes, median, parse_bytes, progress, size_sweep, sync, write_json
+from benchmarks.gradient_averaging import format_gradients, measure_gradients
 from hypergrid import DimsError, GridLayout, HyperCommGrid, init_from_env, spawn
 from hypergrid.launch import default_device
 
@@ -119,13 +128,8 @@ class _Collective:
         return int((self.recv != self.expected).sum().item())
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def measure(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """On every rank: build the grid and the raw groups, run the sweep, return the rows (equal on all ranks)."""
+def measure(config: dict[str, Any]) -> dict[str, Any]:
+    """On every rank: the sweep over families (``rows``) and the gradient averaging (``gradients``), equal on all."""
     config = _agree(config)
     grid = HyperCommGrid(config["shape"], config["dims"], backend=config["backend"])
     layout = grid.layout
@@ -153,7 +157,7 @@ def measure(config: dict[str, Any]) -> list[dict[str, Any]]:
             for collective in collectives.values():
                 for _ in range(config["warmup"]):
                     collective.run()
-            _sync(device)
+            sync(device)
             dist.barrier()
             # Interleaved, alternating which goes first: both see the same machine conditions.
             samples: dict[str, list[float]] = {impl: [] for impl in collectives}
@@ -162,7 +166,7 @@ def measure(config: dict[str, Any]) -> list[dict[str, Any]]:
                 for impl in order:
                     start = time.perf_counter()
                     collectives[impl].run()
-                    _sync(device)
+                    sync(device)
                     samples[impl].append(time.perf_counter() - start)
             for impl, collective in collectives.items():
                 row = _row(key, impl, collective, samples[impl], config["op"], device, world)
@@ -171,8 +175,9 @@ def measure(config: dict[str, Any]) -> list[dict[str, Any]]:
                     progress(format_row(row, config))
         if raw is not None:
             dist.destroy_process_group(raw)
+    gradients = measure_gradients(grid, config, device) if config["grad_params"] else None
     grid.destroy()
-    return rows
+    return {"rows": rows, "gradients": gradients}
 
 
 def _row(
@@ -286,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--summary-at", default="16M", help="size for the hypergrid/raw ratio (default 16M)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="hard limit in seconds for local runs")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument(
+        "--grad-params", type=int, default=100, help="parameters of the gradient-averaging model (default 100, 0: skip)"
+    )
     return parser
 
 
@@ -299,8 +307,11 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         parse_bytes(args.summary_at)
     except ValueError as error:
         parser.error(str(error))
-    if args.iters < 1 or args.warmup < 0:
-        parser.error(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
+    if args.iters < 1 or args.warmup < 0 or args.grad_params < 0:
+        parser.error(
+            "--iters must be >= 1, --warmup and --grad-params >= 0, "
+            f"got {args.iters}, {args.warmup}, {args.grad_params}"
+        )
     return {
         "shape": shape,
         "dims": dims,
@@ -312,6 +323,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         "op": args.op,
         "backend": args.backend,
         "progress": not args.quiet,
+        "grad_params": args.grad_params,
     }
 
 
@@ -323,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         init_from_env(args.backend)
         config["backend"] = args.backend or dist.get_backend()
         try:
-            rows = measure(config)
+            measured = measure(config)
             if dist.get_rank() != 0:
                 return 0
         finally:
@@ -334,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         config["backend"] = "gloo"
         if config["progress"]:
             progress(f"starting {math.prod(config['shape'])} local gloo processes")
-        rows = spawn(measure, math.prod(config["shape"]), (config,), timeout_s=args.timeout)[0]
+        measured = spawn(measure, math.prod(config["shape"]), (config,), timeout_s=args.timeout)[0]
+    rows, gradients = measured["rows"], measured["gradients"]
     print(header(config))
     for row in rows:
         print(format_row(row, config))
@@ -352,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
             f"from medians {median([r[5] for r in results]):.3f}"
         )
     wrong = sum(row["wrong"] for row in rows)
+    if gradients is not None:
+        print("\n" + format_gradients(gradients))
+        wrong += gradients["wrong"]
     print(f"# total #wrong: {wrong}")
     if args.json:
         write_json(args.json, rows)

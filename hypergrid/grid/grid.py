@@ -33,6 +33,7 @@ from hypergrid.grid.shims import MegatronShims
 from hypergrid.grid.views import BASE_VIEW, RankView, Views
 from hypergrid.layout import Dims, GridLayout, resolve_shape
 from hypergrid.ops.collectives import Collectives
+from hypergrid.ops.gradients import Gradients
 from hypergrid.ops.pipeline import Pipeline
 from hypergrid.values import check_timeout
 
@@ -46,6 +47,7 @@ class HyperCommGrid(
     Views,
     MeshExport,
     Collectives,
+    Gradients,
     Pipeline,
     MegatronShims,
     Communicators,

@@ -250,9 +250,8 @@ class Views(GridFacet):
         spec = self._rank_view(view)
         for dim in _names_of(dims):
             if isinstance(dim, str) and dim and dim not in spec.dim_names:
-                raise DimsError(
-                    f"{dim!r} is not in view {spec.name!r} with dim_names {spec.dim_names} (in dims {dims!r})"
-                )
+                where = f"view {spec.name!r} with" if len(self._root._views) > 1 else "the grid's"  # no views made
+                raise DimsError(f"{dim!r} is not in {where} dim_names {spec.dim_names} (in dims {dims!r})")
         ordered = spec.layout.canonical_dims(dims)
         if spec.name == BASE_VIEW:
             return KEY_SEPARATOR.join(ordered), spec.layout, spec

@@ -273,6 +273,15 @@ class Collectives(GridFacet):
         default ``LOCAL_WORLD_SIZE``. Any size works (the shards are padded);
         the tensor may be non-contiguous.
 
+        Args:
+            tensor: the tensor, overwritten in place with the reduction.
+            dims: the family (a name, a key like ``"dp-tp"``, or a list of names).
+            op: the reduction (``torch.distributed.ReduceOp``).
+            ranks_per_node: consecutive ranks per node (default ``LOCAL_WORLD_SIZE``).
+
+        Returns:
+            ``None``: the result is in ``tensor`` (as ``all_reduce`` without ``async_op``).
+
         Raises:
             DimsError: unknown, repeated or no dims.
             InvalidArgumentError: not a tensor, or nodes that cut the grid unevenly.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 from typing import Any
 
 import pytest
@@ -107,6 +108,8 @@ def test_allreduce_end_to_end_writes_json_and_a_plot(
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
     assert "# total #wrong: 0" in out and "ratio" in out
+    assert "# average_gradients over dp (2 ranks), 100 parameters" in out  # the bucketed vs per-parameter row
+    assert re.search(r"# per-parameter / bucketed: \d+\.\d\d, #wrong 0", out), out
 
 
 @pytest.mark.processes
