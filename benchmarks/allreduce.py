@@ -3,7 +3,7 @@
     python benchmarks/allreduce.py --shape 2,2,2 --dims tp,cp,dp [--families all | "tp;cp,dp"]
         [--minbytes 1K --maxbytes 64M --stepfactor 2] [--iters 20 --warmup 5] [--dtype float32]
         [--op all_reduce|reduce_scatter|all_gather] [--backend gloo|nccl] [--json PATH] [--plot PATH]
-        [--checked]
+        [--grad-params 100] [--checked]
 
 Without torchrun (no RANK in the environment) it starts prod(shape) local gloo
 processes itself. Under torchrun it joins through env:// and uses NCCL with CUDA
@@ -18,10 +18,15 @@ and all_gather (n-1)/n, n = group size) and #wrong, the elements that fail the
 data check. The same groups built with plain ``dist.new_group`` are measured in
 the same run ("raw" rows); the summary gives the ratio hypergrid / raw busbw.
 
-``--checked`` adds two more rows per size, both through the grid's own method
-(``grid.all_reduce`` ...): "unchecked" and "checked" (``check_collectives=True``,
-one small all-gather of the call's signature first), interleaved with the others;
-a second summary gives the ratio checked / unchecked of the median times.
+Then gradient averaging over ``dp`` (the whole grid when there is no ``dp``)
+for a model of ``--grad-params`` small parameters (default 100, 0 skips it):
+``grid.average_gradients`` (flat buckets, one all-reduce each) against one
+all-reduce and a divide per parameter, interleaved in the same run; the line
+gives each one's median time (the median over ranks of each rank's median) and
+the ratio per-parameter / bucketed, and checks that both give the same gradients.
+
+``--checked`` adds "unchecked" and "checked" rows, both through the grid's own
+method (``check_collectives`` off / on), and their ratio (benchmarks/checked_collectives.py).
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import torch
 import torch.distributed as dist
 
-from benchmarks.common import bandwidths, human_bytes, median, parse_bytes, progress, size_sweep, write_json
+from benchmarks.checked_collectives import IMPLS, format_checked
+from benchmarks.common import bandwidths, human_bytes, median, parse_bytes, progress, size_sweep, sync, write_json
+from benchmarks.gradient_averaging import format_gradients, measure_gradients
 from hypergrid import DimsError, GridLayout, HyperCommGrid, init_from_env, spawn
 from hypergrid.launch import default_device
 
@@ -135,24 +142,17 @@ class _GridCollective(_Collective):
     def run(self) -> None:
         if self.op == "all_reduce":
             self.grid.all_reduce(self.send, self.family)
-        elif self.op == "reduce_scatter":
-            self.recv.copy_(self.grid.reduce_scatter(self.send, self.family))
         else:
-            self.recv.copy_(self.grid.all_gather(self.send, self.family))
+            self.recv.copy_(getattr(self.grid, self.op)(self.send, self.family))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def measure(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """On every rank: build the grid and the raw groups, run the sweep, return the rows (equal on all ranks)."""
+def measure(config: dict[str, Any]) -> dict[str, Any]:
+    """On every rank: the sweep over families (``rows``) and the gradient averaging (``gradients``), equal on all."""
     config = _agree(config)
     grid = HyperCommGrid(config["shape"], config["dims"], backend=config["backend"])
-    through_grid = {
-        impl: HyperCommGrid(config["shape"], config["dims"], backend=config["backend"], check_collectives=check)
-        for impl, check in (("unchecked", False), ("checked", True))
+    through_grid = {  # --checked: the same calls through grids with check_collectives off and on
+        impl: HyperCommGrid(config["shape"], config["dims"], backend=config["backend"], check_collectives=on)
+        for impl, on in IMPLS.items()
         if config.get("checked")
     }
     layout = grid.layout
@@ -182,7 +182,7 @@ def measure(config: dict[str, Any]) -> list[dict[str, Any]]:
             for collective in collectives.values():
                 for _ in range(config["warmup"]):
                     collective.run()
-            _sync(device)
+            sync(device)
             dist.barrier()
             # Interleaved, alternating which goes first: both see the same machine conditions.
             samples: dict[str, list[float]] = {impl: [] for impl in collectives}
@@ -191,7 +191,7 @@ def measure(config: dict[str, Any]) -> list[dict[str, Any]]:
                 for impl in order:
                     start = time.perf_counter()
                     collectives[impl].run()
-                    _sync(device)
+                    sync(device)
                     samples[impl].append(time.perf_counter() - start)
             for impl, collective in collectives.items():
                 row = _row(key, impl, collective, samples[impl], config["op"], device, world)
@@ -200,10 +200,11 @@ def measure(config: dict[str, Any]) -> list[dict[str, Any]]:
                     progress(format_row(row, config))
         if raw is not None:
             dist.destroy_process_group(raw)
+    gradients = measure_gradients(grid, config, device) if config["grad_params"] else None
     for other in through_grid.values():
         other.destroy()
     grid.destroy()
-    return rows
+    return {"rows": rows, "gradients": gradients}
 
 
 def _row(
@@ -274,17 +275,6 @@ def summary(rows: list[dict[str, Any]], at_bytes: int) -> list[tuple[str, int, f
     return out
 
 
-def checked_summary(rows: list[dict[str, Any]]) -> list[tuple[str, int, float, float, float]]:
-    """Per family and size: the median time of a checked and an unchecked call, and their ratio."""
-    out = []
-    for family, size in dict.fromkeys((row["family"], row["size_bytes"]) for row in rows):
-        at = {r["impl"]: r for r in rows if r["family"] == family and r["size_bytes"] == size}
-        if "checked" in at and "unchecked" in at:
-            on, off = at["checked"]["time_us_median"], at["unchecked"]["time_us_median"]
-            out.append((family, size, on, off, on / off))
-    return out
-
-
 def plot(rows: list[dict[str, Any]], path: pathlib.Path, title: str) -> None:
     """busbw vs size, one line per family (solid: hypergrid, dotted: raw new_group)."""
     import matplotlib
@@ -295,7 +285,7 @@ def plot(rows: list[dict[str, Any]], path: pathlib.Path, title: str) -> None:
     figure, axes = plt.subplots(figsize=(8, 5))
     for index, family in enumerate(dict.fromkeys(row["family"] for row in rows)):
         color = f"C{index % 10}"
-        for impl, style in (("hypergrid", "-"), ("raw", ":")):  # --checked rows: in the JSON and the table
+        for impl, style in (("hypergrid", "-"), ("raw", ":")):
             mine = [r for r in rows if r["family"] == family and r["impl"] == impl]
             label = family if impl == "hypergrid" else None
             axes.plot([r["size_bytes"] for r in mine], [r["busbw_gbps"] for r in mine], style, color=color, label=label)
@@ -328,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--summary-at", default="16M", help="size for the hypergrid/raw ratio (default 16M)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="hard limit in seconds for local runs")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument(
+        "--grad-params", type=int, default=100, help="parameters of the gradient-averaging model (default 100, 0: skip)"
+    )
     parser.add_argument("--checked", action="store_true", help="also time grid calls with check_collectives on/off")
     return parser
 
@@ -342,8 +335,11 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         parse_bytes(args.summary_at)
     except ValueError as error:
         parser.error(str(error))
-    if args.iters < 1 or args.warmup < 0:
-        parser.error(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
+    if args.iters < 1 or args.warmup < 0 or args.grad_params < 0:
+        parser.error(
+            "--iters must be >= 1, --warmup and --grad-params >= 0, "
+            f"got {args.iters}, {args.warmup}, {args.grad_params}"
+        )
     return {
         "shape": shape,
         "dims": dims,
@@ -355,6 +351,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         "op": args.op,
         "backend": args.backend,
         "progress": not args.quiet,
+        "grad_params": args.grad_params,
         "checked": args.checked,
     }
 
@@ -367,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         init_from_env(args.backend)
         config["backend"] = args.backend or dist.get_backend()
         try:
-            rows = measure(config)
+            measured = measure(config)
             if dist.get_rank() != 0:
                 return 0
         finally:
@@ -378,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         config["backend"] = "gloo"
         if config["progress"]:
             progress(f"starting {math.prod(config['shape'])} local gloo processes")
-        rows = spawn(measure, math.prod(config["shape"]), (config,), timeout_s=args.timeout)[0]
+        measured = spawn(measure, math.prod(config["shape"]), (config,), timeout_s=args.timeout)[0]
+    rows, gradients = measured["rows"], measured["gradients"]
     print(header(config))
     for row in rows:
         print(format_row(row, config))
@@ -395,13 +393,12 @@ def main(argv: list[str] | None = None) -> int:
             f"# median over families: ratio {median([r[4] for r in results]):.3f}, "
             f"from medians {median([r[5] for r in results]):.3f}"
         )
-    checked = checked_summary(rows)
-    if checked:
-        print("\n# checked collectives: median time per call, checked / unchecked (both through the grid)")
-        for family, size, on, off, ratio in checked:
-            line = f"checked {on:9.1f} us  unchecked {off:9.1f} us  ratio {ratio:5.2f}"
-            print(f"{family:<10} {human_bytes(size):>6}  {line}")
+    if format_checked(rows):
+        print("\n" + format_checked(rows))
     wrong = sum(row["wrong"] for row in rows)
+    if gradients is not None:
+        print("\n" + format_gradients(gradients))
+        wrong += gradients["wrong"]
     print(f"# total #wrong: {wrong}")
     if args.json:
         write_json(args.json, rows)

@@ -106,3 +106,11 @@ def progress(message: str, file: TextIO | None = None) -> None:
     """
     elapsed = time.monotonic() - _STARTED
     print(f"[{elapsed:7.1f}s] {message}", file=sys.stderr if file is None else file, flush=True)
+
+
+def sync(device: Any) -> None:
+    """Wait for the device's queued work (a no-op on the CPU), so that a timer measures the work itself."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)

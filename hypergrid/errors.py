@@ -116,11 +116,15 @@ class DesyncError(HyperGridError, RuntimeError):
 
     Attributes:
         requests: each distinct request (as text) mapped to the ranks that made it.
+        epoch: the latest guard epoch (count of ``destroy()`` calls) among those
+            requests; ``destroy()`` starts the grid's next epoch after it, so that
+            ranks that were out of step meet again.
     """
 
-    def __init__(self, message: str, requests: dict[str, list[int]] | None = None) -> None:
+    def __init__(self, message: str, requests: dict[str, list[int]] | None = None, epoch: int = 0) -> None:
         super().__init__(message)
         self.requests = requests or {}
+        self.epoch = epoch
 
 
 class OutOfStepError(DesyncError):
@@ -155,11 +159,15 @@ class GuardTimeoutError(RankFailure, TimeoutError):
     Attributes:
         missing: the ranks that did not arrive (dead, hung, or creating nothing).
         dead: the participants that answered no roll call after the timeout (dead or hung).
+        epoch: as for `DesyncError`.
     """
 
-    def __init__(self, message: str, missing: list[int] | None = None, dead: list[int] | None = None) -> None:
+    def __init__(
+        self, message: str, missing: list[int] | None = None, dead: list[int] | None = None, epoch: int = 0
+    ) -> None:
         super().__init__(message, dead)
         self.missing = missing or []
+        self.epoch = epoch
 
 
 class CreationRefusedError(HyperGridError, RuntimeError):

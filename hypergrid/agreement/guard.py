@@ -10,18 +10,24 @@ a `GuardTimeoutError` naming the ranks that did not arrive.
 One guard round runs before each ``create_pg`` and each ``create_pgs`` (one
 round for the whole batch), through the default group's store
 (``torch.distributed.distributed_c10d._get_default_store()``, looked up at each
-call) under plain key prefixes ``hypergrid/guard/<scope>/<round>``. The
-protocol is `hypergrid.agreement.protocol.Round`: every participant makes at most 7
-store operations per round (most make 5), whatever the number of participants;
-the round's keys are deleted by the participants themselves once everyone has
-read the verdict. A waiting rank logs a warning on the ``"hypergrid"`` logger every
-``progress_s`` seconds (the first after ``min(progress_s, timeout_s / 4)``).
+call). The protocol is `hypergrid.agreement.protocol.Round`: a constant number of
+store operations per participant on the success path, whatever the number of
+participants; the round's keys are deleted by the participants themselves once
+everyone has read the verdict. A waiting rank logs a warning on the
+``"hypergrid"`` logger every ``progress_s`` seconds (the first after
+``min(progress_s, timeout_s / 4)``).
 
-Participants and *scopes*: world-collective creations (strategies
-``enumerate`` and ``split``) take the whole world and count their rounds per
-world; members-only creations (``local``) take the members of the caller's
-group and count per set of member ranks. A rebuilt grid, or two grids over the
-same ranks, share these counters, so they cannot confuse each other.
+Rounds are keyed by where they stand in one grid's life, never by a counter of
+rounds: ``hypergrid/guard/<grid>/e<epoch>/<sequence>`` for a world-collective
+creation (strategies ``enumerate`` and ``split``), with ``/m<members>`` added for
+a members-only one (``local``). ``<grid>`` is a hash of the grid's description
+and its *ordinal* (how many grids of that description this process built
+before it), ``<epoch>`` counts the grid's ``destroy()`` calls and
+``<sequence>`` its creations since. A rank that skipped or repeated a call, or
+used another grid, is therefore in another round: the round's first arrival
+probes for that (`hypergrid.agreement.diagnosis`) and every participant gets an
+`OutOfStepError` naming what each rank called; ``destroy()`` on every rank of
+the grid starts the next epoch, in step again.
 
 The guard is skipped where there is nobody to disagree with: a group of one
 rank, and torch's ``fake`` backend (one process simulating one rank of a large
@@ -31,23 +37,39 @@ world).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from hypergrid.agreement.protocol import Round, round_keys
-from hypergrid.agreement.request import CreationRequest
+from hypergrid.agreement import diagnosis
+from hypergrid.agreement.diagnosis import announce_key
+from hypergrid.agreement.protocol import Round, grace_s, round_keys
+from hypergrid.agreement.request import CreationRequest, shown_ranks
 from hypergrid.binding.worldstate import PerWorld
+from hypergrid.errors import RankFailure
 
-__all__ = ["CreationRequest", "GuardLedger", "Scope", "agree", "members_scope", "world_scope"]
+__all__ = [
+    "CreationRequest",
+    "GuardLedger",
+    "Scope",
+    "agree",
+    "creation_failed",
+    "grid_ordinal",
+    "grid_scope",
+    "roll_call",
+    "settle",
+]
 
 _PREFIX = "hypergrid/guard"
 
-_counters = PerWorld()  # scope family -> rounds so far in this world
-_leftovers = PerWorld()  # scope family -> prefixes of its rounds that timed out (their keys are still stored)
+_leftovers = PerWorld()  # scope family -> prefixes of its rounds that failed (their keys are still stored)
+_ordinals: dict[str, int] = {}  # grid description -> grids of it built in this process
 
 
 @dataclass(frozen=True)
@@ -68,47 +90,90 @@ class Scope:
         return f"{_PREFIX}/{self.family}/{self.number}"
 
 
-def _next(family: str) -> Scope:
-    counts = _counters.get()
-    number: int = counts.get(family, 0)
-    counts[family] = number + 1
-    return Scope(family, number)
+def grid_ordinal(description: str, forget: int | None = None) -> int:
+    """The ordinal of a new grid of ``description`` in this process (0 for the first), or forget one.
+
+    Two grids with the same description are told apart by the order in which
+    they were built, so ranks that use them in a different order disagree.
+    ``forget``: hand back the ordinal just given (a grid built only as a view of
+    another, which creates nothing itself).
+
+    Examples:
+        >>> grid_ordinal("doctest 2x2"), grid_ordinal("doctest 2x2"), grid_ordinal("doctest 2x2", forget=1)
+        (0, 1, 1)
+        >>> grid_ordinal("doctest 2x2")
+        1
+    """
+    if forget is not None:
+        if _ordinals.get(description) == forget + 1:
+            _ordinals[description] = forget
+        return forget
+    number = _ordinals.get(description, 0)
+    _ordinals[description] = number + 1
+    return number
 
 
-def world_scope() -> Scope:
-    """The scope of the next world-collective creation (every rank of the world takes part)."""
-    return _next("world")
+def grid_scope(description: str, ordinal: int, epoch: int, sequence: int, members: Sequence[int] | None) -> Scope:
+    """The scope of a grid's creation #``sequence`` in its ``epoch``; ``members`` for a members-only one.
 
-
-def members_scope(ranks: Sequence[int]) -> Scope:
-    """The scope of the next members-only creation over exactly ``ranks``."""
-    digest = hashlib.sha1(",".join(map(str, ranks)).encode(), usedforsecurity=False).hexdigest()[:20]
-    return _next(f"members/{digest}")
+    Examples:
+        >>> grid_scope("tp2", 0, 1, 3, None).prefix.endswith("/e1/3")
+        True
+    """
+    grid = hashlib.sha1(f"{ordinal}:{description}".encode(), usedforsecurity=False).hexdigest()[:16]
+    family = f"{grid}/e{epoch}"
+    if members is not None:
+        family += "/m" + hashlib.sha1(",".join(map(str, members)).encode(), usedforsecurity=False).hexdigest()[:16]
+    return Scope(family, sequence)
 
 
 class GuardLedger:
-    """The guard rounds of one grid that may have left keys in the store (those that timed out).
+    """The guard's keys of one grid that may still be in the store, for ``destroy()`` to delete.
 
-    Rounds that end in agreement or in a mismatch delete their own keys; a round
-    that timed out keeps three until the next completed round of its scope, or
-    until `release` (called by ``HyperCommGrid.destroy``).
+    Rounds that end in agreement delete their own keys, and so does a mismatch
+    found by the last rank to arrive. Other failed rounds (out of step, a
+    timeout, a death during creation, and its roll call) keep a few keys: until
+    the next completed round of the same grid, or until every live participant
+    has released them with ``destroy()`` (`release`). Deleting them at the first
+    ``destroy()`` would pull the verdict from under a participant that has not
+    read it yet, so each participant counts itself in ``P/released`` and the
+    last of the participants that arrived (the dead left out) deletes them.
+    `release` also deletes this rank's announcement and those of the ranks found dead.
     """
 
     def __init__(self) -> None:
-        self.prefixes: list[str] = []
+        self.rounds: dict[str, set[int]] = {}  # failed round's prefix -> its ranks known dead
+        self.ranks: set[int] = set()  # ranks whose announcement to delete (besides this rank's)
 
     def release(self) -> None:
-        """Delete the keys of the recorded rounds from the default store (best effort)."""
-        prefixes, self.prefixes = self.prefixes, []
-        if not prefixes or not dist.is_initialized() or dist.get_backend() == "fake":
+        """Count this rank out of the recorded rounds, deleting each once its last live participant did so."""
+        rounds, self.rounds = self.rounds, {}
+        ranks, self.ranks = self.ranks, set()
+        if not dist.is_initialized() or dist.get_backend() == "fake" or dist.get_world_size() < 2:
             return
         store = c10d._get_default_store()
         for family_rounds in _leftovers.get().values():
-            family_rounds[:] = [prefix for prefix in family_rounds if prefix not in prefixes]
-        for prefix in prefixes:
-            for key in round_keys(prefix):
-                with contextlib.suppress(RuntimeError):  # the store is gone: nothing left to delete
-                    store.delete_key(key)
+            family_rounds[:] = [prefix for prefix in family_rounds if prefix not in rounds]
+        with contextlib.suppress(RuntimeError):  # the store is gone: nothing left to delete
+            for prefix, dead in rounds.items():
+                _release_round(store, prefix, dead)
+            for rank in sorted(ranks | {dist.get_rank()}):
+                store.delete_key(announce_key(rank))
+
+    def record(self, prefix: str, dead: Sequence[int] = ()) -> None:
+        """Remember a failed round's prefix, and the ranks found dead there (their announcements go too)."""
+        self.rounds.setdefault(prefix, set()).update(dead)
+        self.ranks.update(dead)
+
+
+def _release_round(store: Any, prefix: str, dead: set[int]) -> None:
+    """This rank is done with the failed round ``prefix``: the last live participant to say so deletes its keys."""
+    members = set(diagnosis.roster_of(store, prefix)[0]) | diagnosis.alive_of(store, prefix)
+    if not members:
+        return  # the round cleaned itself up (or the next one of its grid did)
+    if store.add(f"{prefix}/released", 1) >= len(members - dead):
+        for key in round_keys(prefix):
+            store.delete_key(key)
 
 
 def agree(
@@ -118,8 +183,10 @@ def agree(
     timeout_s: float,
     progress_s: float = 30.0,
     ledger: GuardLedger | None = None,
-) -> None:
+) -> bool:
     """Return once every participant made the same ``request``; else raise the same error on all of them.
+
+    Returns False where no round was needed (a lone participant, the fake backend).
 
     Args:
         request: what this rank is about to create.
@@ -134,17 +201,102 @@ def agree(
         GuardTimeoutError: some participants did not arrive within ``timeout_s``.
     """
     if len(participants) < 2 or dist.get_backend() == "fake":
-        return  # nobody to disagree with: a lone rank, or torch's one-process fake backend
+        return False  # nobody to disagree with: a lone rank, or torch's one-process fake backend
     # The default group's store: torch exposes it only through this accessor, which torch's own
     # helpers and Megatron use too.
     store = c10d._get_default_store()
     leftovers = _leftovers.get().setdefault(scope.family, [])
     rank = dist.get_rank()
     verdict = Round(store, scope.prefix, rank, participants, request, timeout_s, progress_s, leftovers).run()
-    if verdict.kind == "timeout":
+    if verdict.kind != "ok":
         leftovers.append(scope.prefix)
         if ledger is not None:
-            ledger.prefixes.append(scope.prefix)
+            ledger.record(scope.prefix, [rank for first, last in verdict.dead for rank in range(first, last + 1)])
     else:
         leftovers.clear()  # the decider of this completed round deleted them
     verdict.raise_if_failed()
+    return True
+
+
+def _wait_for(store: Any, key: str, deadline: float) -> bool:
+    """Wait until ``key`` exists (True) or ``deadline`` (``time.monotonic()``) passes (False).
+
+    torch's store client can return from ``wait`` without the key when its
+    timeout ends as another client writes: each return is checked.
+    """
+    while (left := deadline - time.monotonic()) > 0:
+        with contextlib.suppress(RuntimeError):  # DistStoreError: the slice ended
+            store.wait([key], datetime.timedelta(seconds=left))
+        if store.check([key]):
+            return True
+    return bool(store.check([key]))
+
+
+def roll_call(prefix: str, participants: Sequence[int], deadline: float) -> list[int]:
+    """After a failure every participant sees: who answers by ``deadline`` (``time.monotonic()``)?
+
+    Each participant appends its rank and adds 1 to a count; the one that makes
+    it complete says so, ending every participant's wait at once. Returns the
+    participants that did not answer (dead or hung), sorted. The keys stay for
+    ``GuardLedger.release``.
+    """
+    store: Any = c10d._get_default_store()  # append is a TCPStore/HashStore method the stubs lack
+    rank = dist.get_rank()
+    store.append(f"{prefix}/alive", f"{rank}\n")
+    if store.add(f"{prefix}/alive-count", 1) >= len(participants):
+        store.set(f"{prefix}/alive-done", "1")
+        return []
+    _wait_for(store, f"{prefix}/alive-done", deadline)
+    answered = diagnosis.alive_of(store, prefix)
+    return [other for other in participants if other not in answered]
+
+
+def settle(
+    prefix: str, participants: Sequence[int], started: float, timeout_s: float, what: str, ledger: GuardLedger | None
+) -> None:
+    """Return once every participant created its groups; else raise the same `RankFailure` on every survivor.
+
+    After the guard agreed, torch creates the groups; a participant that dies
+    there would leave the others with different registries (those whose groups
+    did not hold it finish). Each participant counts itself done under
+    ``prefix`` and waits for the others, at most until ``started + timeout_s``;
+    then the survivors' roll call names the dead. The last participant to pass
+    deletes the keys.
+    """
+    store: Any = c10d._get_default_store()
+    size = len(participants)
+    if store.add(f"{prefix}/created", 1) == size:
+        store.set(f"{prefix}/created-all", "1")
+    elif not _wait_for(store, f"{prefix}/created-all", started + timeout_s):
+        raise creation_failed(None, what, prefix, participants, started, timeout_s, ledger)
+    if store.add(f"{prefix}/created", 1) == 2 * size:
+        store.delete_key(f"{prefix}/created")
+        store.delete_key(f"{prefix}/created-all")
+
+
+def creation_failed(
+    error: Exception | None,
+    what: str,
+    prefix: str,
+    participants: Sequence[int],
+    started: float,
+    timeout_s: float,
+    ledger: GuardLedger | None,
+) -> RankFailure:
+    """torch failed (or a peer never finished) creating groups after the guard agreed: a `RankFailure`.
+
+    The participants' roll call under ``prefix`` names who is gone; every
+    survivor joins it by ``started + timeout_s`` (torch's creation is bounded by
+    ``timeout_s``, and so is `settle`), so it ends by then plus `grace_s`.
+    """
+    deadline = started + timeout_s + grace_s(timeout_s)
+    dead = roll_call(prefix, participants, deadline)
+    if ledger is not None:
+        ledger.record(prefix, dead)
+    who = f"rank(s) {shown_ranks(dead)} stopped answering" if dead else "every participant still answers"
+    said = f"; torch said: {error}" if error is not None else f"; not every rank finished within {timeout_s:g} s"
+    return RankFailure(
+        f"creating {what} failed after every rank agreed to it: {who} (a peer died or hung while torch was "
+        f"creating the groups){said}",
+        dead=dead,
+    )

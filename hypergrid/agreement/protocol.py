@@ -14,19 +14,36 @@ Keys of one round, under its prefix ``P``:
 - ``P/arrived``: one counter in three fields: arrivals and completions (low
   30 bits), "one request was counted N times" (bit 30) and, from bit 31 up,
   how many participants gave up waiting;
-- ``P/verdict``: ``ok``, or the failure as JSON.
+- ``P/verdict``: ``ok``, or the failure as JSON;
+- ``P/alive``: on slow rounds only, the ranks still waiting (a roll call).
 
-A participant adds 1 to the count of its request's digest, appends its roster
-line and adds 1 to ``P/arrived`` (plus bit 30 if its count came back N: then
-every participant sent its request). The one whose add makes the arrivals N,
-the *decider*, sees in the value whether all agree (bit 30 set) and writes
-``P/verdict``, then deletes the counts and the roster. The others wait for
-``P/verdict`` and add 1 to ``P/arrived`` again: the value tells them that all
-agree (a failure is read from ``P/verdict``), and the last of them deletes
-``P/arrived`` and ``P/verdict``. A participant whose timeout passes adds one
-timeout to ``P/arrived``: if it is the first and not everyone has arrived, it
-reads the roster, names the missing ranks and writes that verdict; whichever
-comes first, the decider's arrival or that timeout, decides for everyone.
+Besides, each participant announces where it is under
+``hypergrid/guard/at/<rank>`` (one key per rank, overwritten each round; see
+`hypergrid.agreement.diagnosis`).
+
+A participant announces itself, adds 1 to the count of its request's digest,
+appends its roster line and adds 1 to ``P/arrived`` (plus bit 30 if its count
+came back N: then every participant sent its request). The one whose add makes
+the arrivals N, the *decider*, sees in the value whether all agree (bit 30 set)
+and writes ``P/verdict``, then deletes the counts and the roster. The others
+wait for ``P/verdict``, read it, and then add 1 to ``P/arrived``: the one whose
+add makes it 2N - 1 is the last, and deletes ``P/arrived``, ``P/verdict`` and
+``P/alive`` (reading before counting means the verdict is never deleted under a
+reader). Per participant that is 7 operations (announce, count, roster, arrive;
+then publish and 2 deletes on the decider, wait, read and count on the others),
+10 on the last one, whatever the number of participants.
+
+Slow paths: the first participant to arrive probes a round that is still open
+after its probe time (and at every progress line) for ranks waiting in another
+open round that waits for a rank here, and ends the round with an
+out-of-step (or mismatch) verdict naming both. A participant whose timeout
+passes adds one timeout to ``P/arrived``: if it is the first and not everyone
+has arrived, it reads the roster, names the missing ranks (and where they last
+were) and writes that verdict; whichever comes first, the decider's arrival or
+that timeout, decides for everyone. If everyone arrived but no verdict came
+within the timeout plus a grace, the participants' roll call names the ones
+that stopped answering. A rank that reads a verdict decided about another
+request than its own is out of step, and is told so about its own request.
 """
 
 from __future__ import annotations
@@ -37,9 +54,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from hypergrid.agreement.request import CreationRequest, Verdict, mismatch_verdict, shown_ranks, timeout_verdict
+from hypergrid.agreement import diagnosis
+from hypergrid.agreement.diagnosis import Announcement, announce_key, runs_text
+from hypergrid.agreement.request import (
+    CreationRequest,
+    Verdict,
+    foreign_verdict,
+    mismatch_verdict,
+    shown_ranks,
+    timeout_verdict,
+)
 
-__all__ = ["LOGGER", "Round", "round_keys"]
+__all__ = ["LOGGER", "PROBE_S", "Round", "grace_s", "round_keys"]
 
 #: The logger of the progress lines (``logging.getLogger("hypergrid")``).
 LOGGER = logging.getLogger("hypergrid")
@@ -48,13 +74,24 @@ _FIELD = 1 << 30  # P/arrived: arrivals and completions count below this (rounds
 _AGREE = _FIELD  # one request's count reached the number of participants: all agree
 _TIMEOUT = _FIELD << 1  # one participant gave up waiting
 
-#: compare_set's expected value in a read that must never write (no key of the guard holds it).
-_ABSENT = "\x00absent\x00"
+#: The first probe of an open round comes after min(this, timeout / 4) seconds.
+PROBE_S = 1.0
 
 
 def round_keys(prefix: str) -> list[str]:
-    """The keys a round under ``prefix`` may leave after a timeout (each participant deletes its count)."""
-    return [f"{prefix}/arrived", f"{prefix}/roster", f"{prefix}/verdict"]
+    """The keys a round under ``prefix`` may leave when it fails (each participant deletes its count)."""
+    names = ("arrived", "roster", "verdict", "alive", "alive-count", "alive-done", "released", "created", "created-all")
+    return [f"{prefix}/{name}" for name in names]
+
+
+def grace_s(timeout_s: float) -> float:
+    """How long past its timeout a participant waits for another's verdict: max(2 s, timeout / 4), at most 60 s.
+
+    Examples:
+        >>> grace_s(1.0), grace_s(60.0), grace_s(3600.0)
+        (2.0, 15.0, 60.0)
+    """
+    return min(max(2.0, timeout_s / 4), 60.0)
 
 
 def _fields(value: int) -> tuple[int, bool, int]:
@@ -68,7 +105,9 @@ class Round:
     `run` is the whole round. Its steps are separate so that one thread
     can act for many participants: `arrive` for each (it returns True on
     the one participant that decides), then `decide` on that one and
-    `await_verdict` on the others. Each returns the round's `Verdict`.
+    `await_verdict` on the others. Each returns the round's `Verdict`, as
+    seen by this participant (a verdict about another request than its own
+    comes back as an out-of-step verdict about its own).
 
     Args:
         store: the store (any ``torch.distributed.Store``, or an object with its methods).
@@ -78,7 +117,7 @@ class Round:
         request: what this participant asks for.
         timeout_s: how long to wait for the others.
         progress_s: how often to log a progress line while waiting.
-        stale: prefixes of earlier rounds (timed out) whose keys the decider deletes.
+        stale: prefixes of earlier rounds (failed) whose keys the decider deletes.
     """
 
     def __init__(
@@ -105,9 +144,10 @@ class Round:
         self._arrived_key = f"{prefix}/arrived"
         self._roster_key = f"{prefix}/roster"
         self._verdict_key = f"{prefix}/verdict"
-        self._readers_key = f"{prefix}/readers"
+        self._alive_key = f"{prefix}/alive"
         self._started = 0.0
         self._arrival = 0  # what P/arrived said when this participant arrived
+        self._marked_alive = False
 
     def run(self) -> Verdict:
         """The whole round for this participant."""
@@ -116,8 +156,10 @@ class Round:
     # -- steps ----------------------------------------------------------------
 
     def arrive(self) -> bool:
-        """Count this participant's request and arrival; True on the last to arrive (the decider)."""
+        """Announce, count this participant's request and arrival; True on the last to arrive (the decider)."""
         self._started = time.monotonic()
+        announcement = Announcement(self.prefix, runs_text(self.participants), self.request)
+        self.store.set(announce_key(self.rank), announcement.encode())
         line = f"{self.rank} {self.request.digest}"
         counted = self.store.add(self._count_key, 1)
         if counted == 1:
@@ -130,16 +172,16 @@ class Round:
         """On the last to arrive: publish the verdict, delete what no one reads any more."""
         _, agree, timeouts = _fields(self._arrival)
         if timeouts:
-            return self._follow(decider=True)  # a participant gave up first: its timeout verdict stands
+            return self._follow(decider=True)  # a participant gave up first: its verdict stands
         if agree:  # every count was added before this arrival: a count of N means all agree
             verdict, digests = Verdict("ok"), [self.request.digest]
         else:
-            roster, requests = self._roster()
+            roster, requests = diagnosis.roster_of(self.store, self.prefix)
             verdict, digests = mismatch_verdict(self.size, roster, requests), sorted(set(roster.values()))
-        verdict = self._publish(verdict)
-        if verdict.kind == "timeout":
+        published = self._publish(verdict)
+        if published is not verdict:  # a probe or a timeout decided first: its verdict stands
             self.store.delete_key(self._count_key)
-            return verdict
+            return self._own(published)
         for digest in digests:
             self.store.delete_key(f"{self.prefix}/count/{digest}")
         self.store.delete_key(self._roster_key)
@@ -149,49 +191,98 @@ class Round:
         return verdict
 
     def await_verdict(self) -> Verdict:
-        """On the others: wait for the verdict (logging progress), then count this participant done."""
-        if not self._wait(self._started + self.timeout_s, progress=True):
+        """On the others: wait for the verdict (logging progress, probing if first), then count this one done."""
+        verdict = self._wait(self._started + self.timeout_s, progress=True)
+        if verdict is None:
             return self._give_up()
-        return self._conclude()
+        return self._conclude(verdict)
 
     # -- waiting and failures -------------------------------------------------
 
-    def _conclude(self) -> Verdict:
-        """The verdict exists: count this participant done (the count tells an agreement); the last cleans up."""
-        done, agree, timeouts = _fields(self.store.add(self._arrived_key, 1))
-        if agree and not timeouts:
-            if done == 2 * self.size - 1:  # the last to conclude: nobody needs the round's keys any more
-                self.store.delete_key(self._arrived_key)
-                self.store.delete_key(self._verdict_key)
-            return Verdict("ok")
-        # A failure: read the verdict before counting this reader, so the last reader deletes it only
-        # once every waiter has read it (the failure path may spend more operations than success).
-        verdict = self._read()
-        if verdict.kind == "timeout":
-            self.store.delete_key(self._count_key)
-        elif self.store.add(self._readers_key, 1) == self.size - 1:  # the decider reads nothing
-            for key in (self._arrived_key, self._verdict_key, self._readers_key):
+    def _conclude(self, verdict: Verdict) -> Verdict:
+        """The verdict was read: count this participant done; the last one cleans up."""
+        done = _fields(self.store.add(self._arrived_key, 1))[0]
+        if done == 2 * self.size - 1:  # every participant arrived and every waiter read: nobody needs the keys
+            for key in (self._arrived_key, self._verdict_key, self._alive_key):  # alive: marks of a slow round
                 self.store.delete_key(key)
+        if verdict.kind != "ok":
+            self.store.delete_key(self._count_key)  # the decider deletes the counts only of its own verdicts
+        return self._own(verdict)
+
+    def _own(self, verdict: Verdict) -> Verdict:
+        """``verdict`` as this participant must see it: about its own request, never another's."""
+        if verdict.kind != "ok" and verdict.about and self.request.digest not in verdict.about:
+            return foreign_verdict(self.request, self.rank, verdict)
         return verdict
 
-    def _wait(self, deadline: float, progress: bool) -> bool:
-        """Wait until the verdict exists (True) or ``deadline`` passes (False), logging progress."""
+    def _wait(self, deadline: float, progress: bool) -> Verdict | None:
+        """Wait until the verdict exists and read it, or return None once ``deadline`` passes.
+
+        Logs progress and probes on the way. A ``wait`` that returns without the
+        key (torch's store client can, when its timeout ends as another client
+        writes) is taken for what it is: the wait goes on.
+        """
         start = self._started
         next_line = start + min(self.progress_s, self.timeout_s / 4)
+        next_probe = start + min(PROBE_S, self.timeout_s / 4)
         while True:
             now = time.monotonic()
             if now >= deadline:
-                return False
-            until = min(next_line, deadline) if progress else deadline
+                return None
+            until = min(next_line, next_probe, deadline) if progress else deadline
             try:
                 self.store.wait([self._verdict_key], datetime.timedelta(seconds=max(until - now, 0.001)))
-                return True
+                data = diagnosis.read(self.store, self._verdict_key)
+                if data is not None:
+                    return Verdict.decode(data)
             except RuntimeError:  # the slice ended without a verdict (DistStoreError is a RuntimeError)
                 pass
             now = time.monotonic()
+            if progress and next_probe <= now < deadline:
+                next_probe = float("inf") if next_probe < next_line else next_line + self.progress_s
+                self._slow()
             if progress and next_line <= now < deadline:
                 self._log_progress(now - start)
                 next_line += self.progress_s
+
+    def _slow(self) -> None:
+        """An open round past its probe time: mark this participant alive; the first to arrive probes."""
+        if not self._marked_alive:
+            self.store.append(self._alive_key, f"{self.rank}\n")
+            self._marked_alive = True
+        if _fields(self._arrival)[0] != 1:
+            return
+        verdict, _ = self._stuck_verdict()
+        if verdict is not None:
+            self._publish(verdict)
+
+    def _stuck_verdict(self) -> tuple[Verdict | None, list[int]]:
+        """An out-of-step (or mismatch) verdict if missing ranks are stuck in another round that waits for us.
+
+        The verdict names every request of both rounds and ends both: it is
+        published into the other round(s) too, or taken from there when one of
+        them decided first, so that every rank on both sides raises the same
+        error (and ``destroy()`` brings all of them to the same next epoch).
+        """
+        roster, requests = diagnosis.roster_of(self.store, self.prefix)
+        missing = [rank for rank in self.participants if rank not in roster]
+        stuck, found = diagnosis.waiting_elsewhere(self.store, self.prefix, roster, missing, self.request.digest)
+        if not stuck:
+            return None, missing
+        if found is not None:
+            return found, missing
+        for rank, seen in stuck.items():
+            roster[rank] = seen.request.digest
+            requests.setdefault(seen.request.digest, seen.request.encoded)
+        verdict = mismatch_verdict(self.size, roster, requests)
+        text = verdict.encode()
+        for other in sorted({seen.prefix for seen in stuck.values()}):
+            current = self.store.compare_set(f"{other}/verdict", "", text)
+            if current != text.encode():
+                theirs = Verdict.decode(current)
+                if theirs.kind != "ok" and self.request.digest in theirs.about:
+                    return theirs, missing  # the other round decided about us first: its verdict ends both
+        return verdict, missing
 
     def _log_progress(self, waited: float) -> None:
         arrived = min(_fields(self.store.add(self._arrived_key, 0))[0], self.size)
@@ -199,7 +290,7 @@ class Round:
             f"hypergrid: waiting {waited:.0f} s for {self.request.call()} on grid {self.request.grid}: "
             f"{arrived}/{self.size} ranks arrived"
         )
-        if self.rank == self.participants[0]:  # only the first participant reads the roster
+        if _fields(self._arrival)[0] == 1:  # only the first to arrive reads the roster
             missing = self._missing()
             if missing:
                 text += f"; missing {shown_ranks(missing)}"
@@ -210,55 +301,40 @@ class Round:
         arrived, _, timeouts = _fields(self.store.add(self._arrived_key, _TIMEOUT))
         if arrived >= self.size or timeouts > 1:  # the decider arrived, or another participant gave up, first
             return self._follow(decider=False)
-        verdict = self._publish(self._timeout_verdict())
-        if verdict.kind == "timeout":
-            self.store.delete_key(self._count_key)
-        return verdict
+        verdict, missing = self._stuck_verdict()  # out of step, found only now if the first arrival is elsewhere
+        if verdict is None:
+            seen_text = diagnosis.last_seen(self.store, self.prefix, missing)
+            verdict = timeout_verdict(self.request, self.size, missing, self.timeout_s, last_seen=seen_text)
+        verdict = self._publish(verdict)
+        self.store.delete_key(self._count_key)
+        return self._own(verdict)
 
     def _follow(self, decider: bool) -> Verdict:
-        """Another participant decided first: wait briefly for its verdict and take it."""
-        grace = min(max(2.0, self.timeout_s / 4), 60.0)
-        if not self._wait(time.monotonic() + grace, progress=False):
-            self._publish(self._timeout_verdict())  # it stopped before writing: judge from the roster
+        """Another participant decided first: wait a grace for its verdict and take it.
+
+        When none comes, every participant arrived but the decider (or a waiter)
+        stopped: the ranks that marked themselves alive are the ones still here.
+        """
+        if not self._marked_alive:
+            self.store.append(self._alive_key, f"{self.rank}\n")
+            self._marked_alive = True
+        verdict = self._wait(time.monotonic() + grace_s(self.timeout_s), progress=False)
+        if verdict is None:
+            alive = diagnosis.alive_of(self.store, self.prefix)
+            silent = [rank for rank in self.participants if rank not in alive]
+            timed_out = timeout_verdict(self.request, self.size, self._missing(), self.timeout_s, dead=silent)
+            verdict = self._publish(timed_out)
         if not decider:
-            return self._conclude()
-        verdict = self._read()  # a timeout: the decider lost to it
-        self.store.delete_key(self._count_key)
-        return verdict
+            return self._conclude(verdict)
+        self.store.delete_key(self._count_key)  # a failure: the decider lost to it
+        return self._own(verdict)
 
     def _publish(self, verdict: Verdict) -> Verdict:
-        """Write ``verdict`` unless one is there already; return the one in force."""
+        """Write ``verdict`` unless one is there already; return the one in force (``verdict`` itself if it won)."""
         text = verdict.encode()
         current = self.store.compare_set(self._verdict_key, "", text)
         return verdict if current == text.encode() else Verdict.decode(current)
 
-    def _read(self) -> Verdict:
-        data = self.store.compare_set(self._verdict_key, _ABSENT, _ABSENT)  # a read that never blocks
-        if data == _ABSENT.encode():
-            return Verdict(
-                "timeout",
-                f"the guard's verdict for {self.request.call()} vanished from the store before rank "
-                f"{self.rank} read it: something else deleted hypergrid's keys",
-            )
-        return Verdict.decode(data)
-
-    def _roster(self) -> tuple[dict[int, str], dict[str, str]]:
-        """(rank -> digest, digest -> encoded request) from the roster; read on failure paths only."""
-        data = self.store.compare_set(self._roster_key, _ABSENT, _ABSENT)
-        entries: dict[int, str] = {}
-        requests: dict[str, str] = {}
-        if data == _ABSENT.encode():
-            return entries, requests
-        for line in data.decode().splitlines():
-            rank, digest, *request = line.split(" ", 2)
-            entries[int(rank)] = digest
-            if request:
-                requests[digest] = request[0]
-        return entries, requests
-
     def _missing(self) -> list[int]:
-        roster = self._roster()[0]
+        roster = diagnosis.roster_of(self.store, self.prefix)[0]
         return [rank for rank in self.participants if rank not in roster]
-
-    def _timeout_verdict(self) -> Verdict:
-        return timeout_verdict(self.request, self.size, self._missing(), self.timeout_s)

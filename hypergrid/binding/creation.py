@@ -18,9 +18,11 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.binding.worldstate import PerWorld, held_group_count
 from hypergrid.errors import BackendError, CreationRefusedError, InvalidArgumentError
@@ -70,13 +72,37 @@ def check_can_split(backend: str | None) -> None:
 
 
 def create_family(
-    strategy: str, rank_enum: list[list[int]] | None, my_ranks: list[int] | None, options: dict[str, Any]
+    strategy: str,
+    rank_enum: list[list[int]] | None,
+    my_ranks: list[int] | None,
+    options: dict[str, Any],
+    bound_s: float | None = None,
 ) -> dist.ProcessGroup | None:
     """Create one family's groups with ``strategy``; return the caller's group or None.
 
     ``rank_enum`` (the whole family) is needed by ``enumerate`` and ``split``;
     ``my_ranks`` (the caller's group, None outside the grid) by ``local``.
+    ``bound_s``: torch waits at most this long for the other members while it
+    creates (a dead peer fails the creation instead of hanging it); the group
+    then gets its own timeout (``options["timeout"]``, else torch's default) for
+    its collectives.
     """
+    if bound_s is None or dist.get_backend() == "fake":
+        return _create(strategy, rank_enum, my_ranks, options)
+    backend = options.get("backend") or dist.get_backend()
+    operational = options.get("timeout") or c10d._get_default_timeout(backend)
+    bounded = min(operational, datetime.timedelta(seconds=bound_s))
+    group = _create(strategy, rank_enum, my_ranks, {**options, "timeout": bounded})
+    if (
+        bounded != operational and isinstance(group, dist.ProcessGroup)  # NON_GROUP_MEMBER is no ProcessGroup
+    ):
+        c10d._set_pg_timeout(operational, group)
+    return group
+
+
+def _create(
+    strategy: str, rank_enum: list[list[int]] | None, my_ranks: list[int] | None, options: dict[str, Any]
+) -> dist.ProcessGroup | None:
     if strategy == "local":
         if my_ranks is None:
             return None

@@ -3,8 +3,10 @@
     python -m hypergrid show --shape 2,2,2 --dims tp,cp,dp [--offset N] [--ranks-per-node N]
         [--family dp,cp] [--limit 64] [--json] [--communicators]
 
-Readable for a 16-rank job; summarized (first and last rows, first groups) for
-a large one; ``--json`` gives everything, for tools.
+Readable for a 16-rank job; summarized for a large one: the first and last
+rows of the rank table, and family lines of at most ``FAMILY_LINE_WIDTH``
+(100) characters, ending in "… and N more groups"; ``--json`` gives
+everything, for tools.
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ from hypergrid.cli.arguments import OneLineParser, parse_int
 from hypergrid.errors import GridSpecError, HyperGridError, InvalidArgumentError
 from hypergrid.layout import GridLayout
 from hypergrid.layout.economy import plan_communicators
+from hypergrid.values import shown
 
-__all__ = ["parse_grid_arguments", "show", "main"]
+#: The widest family line of the text report: groups that do not fit are counted ("… and N more groups").
+FAMILY_LINE_WIDTH = 100
+
+__all__ = ["FAMILY_LINE_WIDTH", "parse_grid_arguments", "show", "main"]
 
 
 def _parse_list(text: str, what: str) -> list[str]:
@@ -44,7 +50,7 @@ def parse_grid_arguments(shape_text: str, dims_text: str, offset: int = 0) -> Gr
     try:
         shape = [parse_int(size, "--shape") for size in sizes]
     except InvalidArgumentError:
-        raise InvalidArgumentError(f"--shape must be comma-separated ints, got {shape_text!r} (digits 0-9)") from None
+        raise InvalidArgumentError(f"--shape must be comma-separated ints, got {shown(shape_text)}") from None
     try:
         return GridLayout(shape, _parse_list(dims_text, "--dims"), offset)
     except GridSpecError as error:  # say it in the words the user typed
@@ -57,6 +63,43 @@ def _clip(items: list[Any], limit: int) -> list[Any]:
         return items
     half = max(limit // 2, 1)
     return [*items[:half], "...", *items[-half:]]
+
+
+def _group_text(group: list[int], members: int) -> str:
+    return "[" + ",".join(map(str, _clip(group, members))) + "]"
+
+
+def _groups_text(groups: list[list[int]], most: int, width: int) -> str:
+    """The first groups (at most ``most``) that fit in ``width`` characters, then "… and N more groups".
+
+    A group is written whole up to 16 members, else first and last members
+    around ``...``; a long group is cut further so that at least one fits.
+
+    Examples:
+        >>> _groups_text([[0, 1], [2, 3], [4, 5]], most=8, width=40)
+        '[0,1] [2,3] [4,5]'
+        >>> _groups_text([[i, i + 1] for i in range(0, 20, 2)], most=8, width=40)
+        '[0,1] [2,3] [4,5] … and 7 more groups'
+        >>> _groups_text([list(range(1000, 1040))], most=8, width=20)
+        '[1000,...,1039]'
+    """
+    everything = " ".join(_group_text(group, 16) for group in groups[:most])
+    if len(groups) <= most and len(everything) <= width:
+        return everything
+    reserve = len(f" … and {len(groups)} more groups")
+    parts: list[str] = []
+    for group in groups[:most]:
+        fitting = [
+            text
+            for text in (_group_text(group, members) for members in (16, 8, 4, 2))
+            if len(" ".join([*parts, text])) + reserve <= width
+        ]
+        if not fitting:
+            break
+        parts.append(fitting[0])
+    parts = parts or [_group_text(groups[0], 2)]  # always one group, however narrow the line
+    rest = len(groups) - len(parts)
+    return " ".join(parts) + (f" … and {rest} more group{'s' if rest > 1 else ''}" if rest else "")
 
 
 def describe(layout: GridLayout, families: list[tuple[str, ...]], ranks_per_node: int | None) -> dict[str, Any]:
@@ -103,11 +146,8 @@ def render(data: dict[str, Any], limit: int) -> str:
             lines.append(f"{row['rank']:>{width}}  " + "  ".join(f"{row[n]:>4}" for n in names))
     lines += ["", f"{'family':<16} {'groups':>7} {'size':>6}  groups"]
     for family in data["families"]:
-        groups = " ".join(
-            "..." if group == "..." else "[" + ",".join(map(str, _clip(group, 16))) + "]"
-            for group in _clip(family["groups"], max(limit // 8, 2))
-        )
-        lines.append(f"{family['key']:<16} {family['num_groups']:>7} {family['group_size']:>6}  {groups}")
+        head = f"{family['key']:<16} {family['num_groups']:>7} {family['group_size']:>6}  "
+        lines.append(head + _groups_text(family["groups"], max(limit // 8, 2), FAMILY_LINE_WIDTH - len(head)))
     if "nodes" in data:
         lines += [
             "",

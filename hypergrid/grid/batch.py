@@ -8,18 +8,29 @@ options in one request.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+import time
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from hypergrid.agreement.guard import CreationRequest, GuardLedger, agree, members_scope, world_scope
+from hypergrid.agreement.guard import CreationRequest, GuardLedger, agree, creation_failed, grid_scope, settle
 from hypergrid.binding.creation import check_can_split, check_strategy, create_family
 from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.options import check_tag, describe_options, family_options
 from hypergrid.binding.registry import PgKey, create_uninitialized, for_view, guard_key, member_or_none, scoped, tagged
 from hypergrid.binding.worldstate import held_group_count
-from hypergrid.errors import DimsError, GroupExistsError, InvalidArgumentError, UnexpectedArgumentError
+from hypergrid.errors import (
+    DesyncError,
+    DimsError,
+    GroupExistsError,
+    GuardTimeoutError,
+    HyperGridError,
+    InvalidArgumentError,
+    UnexpectedArgumentError,
+)
+from hypergrid.grid.views import BASE_VIEW
 from hypergrid.layout import Dims, GridLayout
 from hypergrid.layout.hierarchy import hierarchical_family, node_size, resolve_scope
 
@@ -34,12 +45,39 @@ _TIMES = "\u00d7"  # the multiplication sign (U+00D7) between the dims of a grid
 Plan = tuple[PgKey, GridLayout, tuple[str, ...]]
 
 
+#: Constructor settings that take no part in the guard's request: they change nothing other ranks see.
+LOCAL_SETTINGS = frozenset({"guard_progress_s"})
+#: Constructor arguments that the grid's description already holds.
+_DESCRIBED = frozenset({"shape", "dim_names", "rank_offset"})
+
+
+_SETTING_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _setting_names(cls: type) -> tuple[str, ...]:
+    """The constructor's parameters that must agree across ranks, in signature order."""
+    if cls not in _SETTING_NAMES:
+        parameters = inspect.signature(cls).parameters
+        _SETTING_NAMES[cls] = tuple(name for name in parameters if name not in _DESCRIBED | LOCAL_SETTINGS)
+    return _SETTING_NAMES[cls]
+
+
+def _setting_text(value: object) -> str:
+    """A setting as text equal on every rank that has it equal (mappings in sorted order)."""
+    if isinstance(value, Mapping):
+        return describe_options(value)
+    return repr(value)
+
+
 class GuardedCreation(GridFacet):
     """Batch creation and the guard round of a creation (a mixin of ``HyperCommGrid``)."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid
         guard_progress_s: float
         _creations: int
+        _epoch: int
+        _resync: int
+        _ordinal: int
         _guard_ledger: GuardLedger
 
         group_options: dict[str, Any]
@@ -107,6 +145,15 @@ class GuardedCreation(GridFacet):
             text += f" from rank {self.rank_offset}"
         return text if self.backend is None else f"{text} ({self.backend})"
 
+    def _settings(self) -> tuple[tuple[str, str], ...]:
+        """Every constructor setting of the grid, as (name, text): derived from the signature, so none is forgotten.
+
+        The grid's description holds shape, names and offset; settings that
+        change nothing the other ranks see (`LOCAL_SETTINGS`) take no part.
+        """
+        names = _setting_names(type(self._root))
+        return tuple((name, _setting_text(getattr(self._root, name))) for name in names)
+
     def _guard_round(
         self,
         plans: Sequence[Plan],
@@ -114,41 +161,61 @@ class GuardedCreation(GridFacet):
         options: tuple[tuple[str, str], ...],
         held_groups: int | None,
         member: int | None,
-    ) -> None:
+        views: tuple[str, ...] = (),
+        reuses: tuple[str, ...] = (),
+    ) -> list[tuple[Sequence[int], str] | None]:
         """Count the creation and (guard on) agree on it with the ranks that take part, in one round.
 
         ``member``: for ``"local"``, the calling rank when it is in the grid
         (the participants are its group over all the batch's dims of one
-        layout); ``None`` otherwise.
+        layout); ``None`` otherwise. Returns, for each plan, the participants
+        and the prefix of its round (for the commit and a roll call if torch
+        then fails), None where no round ran; nothing with the guard off.
         """
         sequence = self._creations
         self._creations += 1
         if not self.guard:
-            return
-        options = (*options, ("guard_timeout_s", f"{self.guard_timeout_s:g}"))
+            return []
         rounds: list[tuple[Sequence[int], Any, Sequence[Plan]]] = []
+        describe = self._describe()
         if strategy == "local":
             if member is None:
-                return  # outside the grid: this rank creates nothing and takes part in nothing
+                return []  # outside the grid: this rank creates nothing and takes part in nothing
             by_layout: dict[int, list[Plan]] = {}
             for plan in plans:
                 by_layout.setdefault(id(plan[1]), []).append(plan)
             for same_layout in by_layout.values():
                 dims = sorted({name for _, _, ordered in same_layout for name in ordered})
                 members: Sequence[int] = same_layout[0][1].group_ranks(dims, member)
-                rounds.append((members, members_scope(members), same_layout))
+                scope = grid_scope(describe, self._ordinal, self._epoch, sequence, members)
+                rounds.append((members, scope, same_layout))
         else:
-            rounds.append((range(dist.get_world_size()), world_scope(), plans))
+            scope = grid_scope(describe, self._ordinal, self._epoch, sequence, None)
+            rounds.append((range(dist.get_world_size()), scope, plans))
+        by_key: dict[PgKey, tuple[Sequence[int], str] | None] = {}
         for participants, scope, batch in rounds:
             request = CreationRequest(
-                grid=self._describe(),
+                grid=describe,
                 keys=tuple(guard_key(key) for key, _, _ in batch),
                 strategy=strategy,
                 grid_sequence=sequence,
                 held_groups=held_groups,
                 options=options,
+                grid_ordinal=self._ordinal,
+                epoch=self._epoch,
+                settings=self._settings(),
+                views=views,
+                reuses=reuses,
             )
-            agree(request, participants, scope, self.guard_timeout_s, self.guard_progress_s, self._guard_ledger)
+            try:
+                ran = agree(
+                    request, participants, scope, self.guard_timeout_s, self.guard_progress_s, self._guard_ledger
+                )
+            except (DesyncError, GuardTimeoutError) as error:
+                self._resync = max(self._resync, error.epoch)  # destroy() starts an epoch past every rank's
+                raise
+            by_key.update({key: (participants, scope.prefix) if ran else None for key, _, _ in batch})
+        return [by_key[key] for key, _, _ in plans]
 
     def create_pgs(
         self,
@@ -233,8 +300,11 @@ class GuardedCreation(GridFacet):
         chosen = self.strategy if strategy is None else check_strategy(strategy)
         plans: list[Plan] = []
         guarded: list[Plan] = []  # the unsplit families: "local" agrees over their groups, whatever the node size
+        views: dict[str, str] = {}  # every registered view the batch enumerates, as the guard compares it
         for dims in dims_list:
             family, layout, spec = self._family(dims, view)
+            if spec.name != BASE_VIEW:
+                views[spec.name] = f"{spec.name}: shape {spec.shape} over {spec.dim_names}, shared {spec.shared_dims}"
             ordered = spec.layout.canonical_dims(dims)
             base = (layout, ordered)
             if scope is not None:
@@ -262,23 +332,52 @@ class GuardedCreation(GridFacet):
         # Only members-only creation needs the caller's own group: skip that O(group) work otherwise.
         rank = dist.get_rank()
         local = chosen == "local" and self.layout.contains(rank)
+        # Which groups this rank would share (held by which key) or create: part of the request, so a rank
+        # that released a group on its own cannot create it while the others share theirs.
+        shares = [self._shared(layout, ordered, key, backend, options, tag) for key, layout, ordered in plans]
+        reuses = tuple("" if entry is None else guard_key(next(iter(entry.holders))) for _, entry in shares)
         # Only a members-only creation that makes a new group depends on how many groups this rank holds.
-        new = local and any(
-            self._shared(layout, ordered, key, backend, options, tag)[1] is None for key, layout, ordered in plans
-        )
+        new = local and any(entry is None for _, entry in shares)
         described: tuple[tuple[str, str], ...] = (("backend", repr(backend)), ("options", describe_options(options)))
         if scope is not None:  # ranks that disagree on the node size would build different groups
             described += (("ranks_per_node", str(per_node)),)
-        self._guard_round(guarded, chosen, described, held_group_count() if new else None, rank if local else None)
-        for key, layout, ordered in plans:
+        rounds = self._guard_round(
+            guarded,
+            chosen,
+            described,
+            held_group_count() if new else None,
+            rank if local else None,
+            tuple(views[name] for name in sorted(views)),
+            reuses,
+        )
+        bound = self.guard_timeout_s if any(rounds) else None
+        started = time.monotonic()
+        for index, (key, layout, ordered) in enumerate(plans):
             my_ranks = layout.group_ranks(ordered, rank) if local else None
+            # Again, now: a family of this batch may share the group an earlier one just made.
             sharing, shared = self._shared(layout, ordered, key, backend, options, tag)
 
             def create(layout: GridLayout = layout, ordered: Sequence[str] = ordered, mine: Any = my_ranks) -> Any:
                 rank_enum = None if chosen == "local" else layout.rank_enum(ordered)
-                return create_family(chosen, rank_enum, mine, {**options, "backend": backend})
+                return create_family(chosen, rank_enum, mine, {**options, "backend": backend}, bound_s=bound)
 
-            self._pgs[key] = self._keep(sharing, shared, key, create, backend, tag, options)
+            try:
+                self._pgs[key] = self._keep(sharing, shared, key, create, backend, tag, options)
+            except HyperGridError:
+                raise
+            except RuntimeError as error:  # torch: a peer died or hung while the groups were made
+                round_of = rounds[index] if rounds else None
+                if round_of is None:
+                    raise  # no guard round: nobody can tell a dead peer from ranks that disagree
+                participants, prefix = round_of
+                raise creation_failed(
+                    error, repr(guard_key(key)), f"{prefix}/commit", participants, started, self.guard_timeout_s,
+                    self._guard_ledger,
+                ) from error  # fmt: skip
+        # Every participant must have its groups before any goes on (a death there fails them all alike).
+        what = repr(guard_key(plans[0][0])) if len(plans) == 1 else f"{len(plans)} families"
+        for participants, prefix in dict.fromkeys((tuple(r[0]), r[1]) for r in rounds if r is not None):
+            settle(f"{prefix}/commit", participants, started, self.guard_timeout_s, what, self._guard_ledger)
         return self._created(plans, per_node)
 
     def _created(self, plans: Sequence[Plan], per_node: int | None) -> dict[PgKey, dist.ProcessGroup | None]:

@@ -103,6 +103,29 @@ class GroupPool:
         """Every entry, in creation order."""
         return list(self._entries.values())
 
+    def release_registry(self, registry: dict[Any, Any], keys: Sequence[Hashable]) -> list[Any]:
+        """Drop ``keys`` from ``registry`` and the pool; return the groups to destroy, each once.
+
+        Those are the pooled groups no key holds any more, and the groups placed in
+        the registry from outside the pool (Megatron's code and tests assign
+        ``_pgs``; creations before ``init_process_group`` are not pooled), never
+        ``None``, ``NON_GROUP_MEMBER`` or the default group.
+
+        Examples:
+            >>> pool, registry, group = GroupPool(), {}, object()
+            >>> registry.update({"tp": group, "dp": group, "pp": None})  # placed from outside
+            >>> pool.release_registry(registry, ["tp", "dp", "pp"]) == [group], registry
+            (True, {})
+        """
+        outside = [registry[key] for key in keys if key not in self._share_key_of]
+        for key in keys:
+            del registry[key]
+        freed = self.release(keys)
+        for group in outside:
+            if _is_group(group) and all(group is not other for other in freed):
+                freed.append(group)
+        return freed
+
     def release(self, holders: Iterable[Hashable]) -> list[Any]:
         """Drop ``holders``; return the groups no key holds any more (each once, to destroy).
 
@@ -120,6 +143,11 @@ class GroupPool:
                 if _destroyable(entry.group):
                     freed.append(entry.group)
         return freed
+
+
+def _is_group(value: Any) -> bool:
+    """A registry value that may be a group to destroy: not None, not a non-member marker, not the default group."""
+    return value is not None and value is not dist.GroupMember.NON_GROUP_MEMBER and value is not dist.group.WORLD
 
 
 def share_key(

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.agreement.guard import GuardLedger
+from hypergrid.agreement.guard import GuardLedger, grid_ordinal
 from hypergrid.binding.creation import check_strategy
 from hypergrid.binding.options import check_group_options, normalize_backend, refuse_keywords
 from hypergrid.binding.registry import PgKey, for_view, member_or_none
@@ -32,8 +32,8 @@ from hypergrid.grid.nodes import NodeAwareness
 from hypergrid.grid.shims import MegatronShims
 from hypergrid.grid.views import BASE_VIEW, RankView, Views
 from hypergrid.layout import Dims, GridLayout, resolve_shape
-from hypergrid.ops.checks import check_collectives_flag
-from hypergrid.ops.collectives import Collectives
+from hypergrid.ops.collectives import Collectives, check_collectives_flag
+from hypergrid.ops.gradients import Gradients
 from hypergrid.ops.pipeline import Pipeline
 from hypergrid.values import check_timeout
 
@@ -47,6 +47,7 @@ class HyperCommGrid(
     Views,
     MeshExport,
     Collectives,
+    Gradients,
     Pipeline,
     MegatronShims,
     Communicators,
@@ -91,9 +92,8 @@ class HyperCommGrid(
         group_options: defaults for every family and view: ``timeout``,
             ``pg_options``, ``group_desc`` (passed to torch); a ``create_pg``
             keyword overrides them for one family.
-        check_collectives: compare each collective's op, shape, dtype and device
-            across the group first (``hypergrid.ops.checks``); ``None`` (default)
-            reads ``HYPERGRID_CHECK_COLLECTIVES`` once, here.
+        check_collectives: compare each collective's call across the group first (``hypergrid.ops.checks``);
+            ``None`` (default) reads ``HYPERGRID_CHECK_COLLECTIVES`` once, here.
 
     Raises:
         GridSpecError: invalid shape, names or offset.
@@ -155,7 +155,10 @@ class HyperCommGrid(
         self._families: dict[PgKey, tuple[GridLayout, tuple[str, ...], int | None]] = {}
         # The root's groups shared by partition, backend, options and tag, held by registry keys.
         self._pool = GroupPool()
-        # Creations asked of this grid so far (never reset): part of what the guard compares.
+        # Where the grid's creations stand (the guard's round keys): its ordinal among grids of its
+        # description built in this process, destroy() calls that ended an epoch, creations in this epoch.
+        self._ordinal = grid_ordinal(self._describe())
+        self._epoch = self._resync = 0  # _resync: the latest epoch another rank was seen in (by a guard error)
         self._creations = 0
         # The guard rounds of this grid whose keys may still be in the store; destroy() deletes them.
         self._guard_ledger = GuardLedger()
@@ -347,12 +350,7 @@ class HyperCommGrid(
               ...
             hypergrid.errors.GroupNotFoundError: Process group for 'tp' hasn't been created ...
         """
-        refuse_keywords(
-            "get_pg",
-            kwargs,
-            "a lookup takes dims, view, tag, within and across; creation options "
-            "(ranks_per_node, timeout, ...) go to pg() or create_pg()",
-        )
+        refuse_keywords("get_pg", kwargs, "creation options (ranks_per_node, timeout, ...) go to pg() or create_pg()")
         key = self._key(dims, view, tag, within, across)
         if key not in self._pgs:
             what = f"for {key!r}" if isinstance(key, str) else f"{dims!r}{for_view(key)}"
@@ -383,17 +381,19 @@ class HyperCommGrid(
         only that view's own families (the groups it shares with its root stay).
         Groups that torch has already destroyed (for instance by
         ``destroy_process_group()`` of the default group) are skipped.
-        Idempotent; the grid can create its families again afterwards.
+        Idempotent; the grid can create its families again afterwards. On the
+        root grid it also ends the guard's epoch (when anything was created
+        since the last one): called on every rank, it brings ranks that fell out
+        of step back in step (docs/reliability.md). Groups placed in ``_pgs``
+        from outside (as Megatron's code and tests do) are destroyed too, skipping
+        ``None`` and ``NON_GROUP_MEMBER``.
         """
         self._guard_ledger.release()
         mine = self._view_keys(own_only=True)
-        for key in mine:
-            del self._pgs[key]
-        # Groups made before init_process_group (never pooled) need no destroy: there was no world.
-        freed = self._root._pool.release(mine)
-        if not (dist.is_available() and dist.is_initialized()):
-            return
+        freed = self._root._pool.release_registry(self._pgs, mine)
+        if self._root is self and (self._creations or mine):
+            self._epoch, self._creations = max(self._epoch, self._resync) + 1, 0
         for group in freed:
-            # ValueError: torch no longer knows this group; it was destroyed elsewhere.
-            with contextlib.suppress(ValueError):
+            # torch no longer knows this group (destroyed elsewhere), or it is no group of this world.
+            with contextlib.suppress(ValueError, RuntimeError):
                 dist.destroy_process_group(group)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hypergrid.agreement.guard import grid_ordinal
 from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, tagged, untagged
 from hypergrid.errors import DimsError, GridSpecError, ViewNotFoundError
@@ -118,6 +119,9 @@ class Views(GridFacet):
         _views: dict[str, RankView]
         share_groups: bool
         group_options: dict[str, Any]
+        _ordinal: int
+
+        def _describe(self) -> str: ...
 
         def __init__(
             self,
@@ -246,9 +250,8 @@ class Views(GridFacet):
         spec = self._rank_view(view)
         for dim in _names_of(dims):
             if isinstance(dim, str) and dim and dim not in spec.dim_names:
-                raise DimsError(
-                    f"{dim!r} is not in view {spec.name!r} with dim_names {spec.dim_names} (in dims {dims!r})"
-                )
+                where = f"view {spec.name!r} with" if len(self._root._views) > 1 else "the grid's"  # no views made
+                raise DimsError(f"{dim!r} is not in {where} dim_names {spec.dim_names} (in dims {dims!r})")
         ordered = spec.layout.canonical_dims(dims)
         if spec.name == BASE_VIEW:
             return KEY_SEPARATOR.join(ordered), spec.layout, spec
@@ -294,4 +297,5 @@ class Views(GridFacet):
             group_options=root.group_options,
         )
         bound._root, bound._view_name = root, name
+        grid_ordinal(bound._describe(), forget=bound._ordinal)  # a view creates through its root: no grid of its own
         return bound

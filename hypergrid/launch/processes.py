@@ -7,6 +7,13 @@ naming that rank with its traceback, and every other worker is stopped. The
 rendezvous store is hosted by the parent on ``127.0.0.1`` with a port chosen by
 the OS, so concurrent launches never race for a port.
 
+A worker pickles its return value itself, before it exits (tensors become plain
+bytes, not shared memory that would die with the worker), so any picklable
+value comes back whatever its size; one that cannot be pickled is reported
+with the rank and pickle's own error. Each worker dumps its Python stack on
+``SIGUSR1`` (``hypergrid.launch.stacks``): on timeout, the error shows where
+every rank still running is.
+
 ``init_from_env`` is the ``torchrun`` path (``env://``): NCCL bound to the
 local GPU when CUDA is present, gloo otherwise.
 """
@@ -15,7 +22,10 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import queue as queue_module
+import shutil
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -28,6 +38,7 @@ import torch.multiprocessing as mp
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 
 from hypergrid.errors import BackendError, InvalidArgumentError, WorkerError
+from hypergrid.launch.stacks import enable_stack_dumps, request_stack_dumps
 from hypergrid.values import check_timeout, is_int
 
 __all__ = ["default_device", "init_from_env", "spawn"]
@@ -35,6 +46,8 @@ __all__ = ["default_device", "init_from_env", "spawn"]
 _HOST = "127.0.0.1"
 # After one worker fails, how long to let the others' exit codes land before reporting.
 _SETTLE_SECONDS = 0.5
+# What a worker's message says: it raised, it returned (pickled bytes follow), or its value cannot be pickled.
+_FAILED, _RETURNED, _UNPICKLABLE = "failed", "returned", "unpicklable"
 
 
 @dataclass(frozen=True)
@@ -64,12 +77,18 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch
     communicators are created eagerly and ``split_group`` can be used) when CUDA
     is available, gloo otherwise.
 
+    When ``HYPERGRID_STACK_DIR`` is set, the process also dumps its Python
+    stack to ``$HYPERGRID_STACK_DIR/rank{RANK}.stack`` on ``SIGUSR1``
+    (``enable_stack_dumps``); ``read_stack_dumps`` turns the dumps of a hung
+    job into one report.
+
     Returns:
         The device that collectives should use.
 
     Raises:
         BackendError: NCCL asked for without CUDA.
     """
+    enable_stack_dumps()
     chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     timeout = datetime.timedelta(seconds=timeout_s)
     if chosen == "nccl":
@@ -92,6 +111,7 @@ def _worker(
     fn: Callable[..., Any],
     args: Sequence[Any],
     results: Any,
+    stack_dir: str,
 ) -> None:
     os.environ.update(
         RANK=str(rank),
@@ -102,6 +122,7 @@ def _worker(
         MASTER_PORT=str(port),
     )
     try:
+        enable_stack_dumps(stack_dir, rank)
         timeout = datetime.timedelta(seconds=timeout_s)
         store = TCPStore(_HOST, port, is_master=False, timeout=timeout)
         device_id = None
@@ -112,15 +133,30 @@ def _worker(
             backend, store=store, rank=rank, world_size=nprocs, timeout=timeout, device_id=device_id
         )
         value = fn(*args)
-        results.put((rank, True, value))
     except BaseException:
-        results.put((rank, False, traceback.format_exc()))
+        results.put((rank, _FAILED, traceback.format_exc()))
+    else:
+        results.put(_pickled(rank, value))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
+def _pickled(rank: int, value: Any) -> tuple[int, str, Any]:
+    """The worker's message: its value as pickled bytes, or why it cannot be pickled.
+
+    Pickled here, while the worker lives: a tensor put on the queue as it is
+    would travel as shared memory that the parent may still be mapping when
+    the worker exits.
+    """
+    try:
+        return rank, _RETURNED, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:
+        return rank, _UNPICKLABLE, f"{type(error).__name__}: {error}"
+
+
 def _stop(processes: list[Any]) -> None:
+    processes = [process for process in processes if process.pid is not None]  # started ones only
     for process in processes:
         if process.is_alive():
             process.terminate()
@@ -145,7 +181,9 @@ def spawn(
     Each worker has torch.distributed initialized (``rank`` = its index, store
     hosted by the parent on 127.0.0.1) and ``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` set. ``fn`` must be importable
-    (a module-level function) and return something picklable.
+    (a module-level function) and return something picklable: the worker
+    pickles it before exiting, so tensors of any size and number come back
+    (CUDA tensors on their device).
 
     Args:
         fn: the function each worker runs.
@@ -163,9 +201,10 @@ def spawn(
 
     Raises:
         WorkerError: a worker raised (its rank and traceback are in the message),
+            returned a value that cannot be pickled (pickle's error is quoted),
             died without a word (its exit code; unless ``allow_deaths``), or the
-            run passed ``timeout_s``
-            (the ranks that had not finished are named). No worker is left running.
+            run passed ``timeout_s`` (the ranks that had not finished are named,
+            each with its current Python stack). No worker is left running.
 
     Examples:
         >>> spawn(dist.get_world_size, 2)
@@ -181,24 +220,28 @@ def spawn(
     store = TCPStore(_HOST, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s))
     context = mp.get_context("spawn")
     results = context.Queue()
+    stack_dir = tempfile.mkdtemp(prefix="hypergrid-stacks-")
     processes = [
         context.Process(
             target=_worker,
-            args=(rank, nprocs, store.port, backend, timeout_s, fn, tuple(args), results),
+            args=(rank, nprocs, store.port, backend, timeout_s, fn, tuple(args), results, stack_dir),
             name=f"hypergrid-rank{rank}",
         )
         for rank in range(nprocs)
     ]
-    for process in processes:
-        process.start()
     try:
-        values = _collect(processes, results, timeout_s, allow_deaths)
+        for process in processes:
+            process.start()
+        values = _collect(processes, results, timeout_s, allow_deaths, stack_dir)
     finally:
         _stop(processes)
+        shutil.rmtree(stack_dir, ignore_errors=True)
     return [values[rank] for rank in range(nprocs)]
 
 
-def _collect(processes: list[Any], results: Any, timeout_s: float, allow_deaths: bool) -> dict[int, Any]:
+def _collect(
+    processes: list[Any], results: Any, timeout_s: float, allow_deaths: bool, stack_dir: str
+) -> dict[int, Any]:
     """Gather every worker's value; raise on the first failure, silent death or the deadline."""
     nprocs = len(processes)
     values: dict[int, Any] = {}
@@ -206,21 +249,25 @@ def _collect(processes: list[Any], results: Any, timeout_s: float, allow_deaths:
     deadline = time.monotonic() + timeout_s
     while len(values) < nprocs:
         try:
-            rank, ok, value = results.get(timeout=0.2)
+            rank, outcome, value = results.get(timeout=0.2)
         except queue_module.Empty:
             for gone in _silent_deaths(processes, values, exited_at):
                 if not allow_deaths:
                     raise WorkerError(_describe_deaths([gone], processes), rank=gone) from None
                 values[gone] = WorkerDeath(gone, processes[gone].exitcode)
             if time.monotonic() > deadline and len(values) < nprocs:
-                missing = [r for r in range(nprocs) if r not in values]
-                raise WorkerError(
-                    f"timed out after {timeout_s:g} s waiting for rank(s) {missing} of {nprocs}"
-                ) from None
+                raise _timed_out(processes, values, timeout_s, stack_dir) from None
             continue
-        if ok:
-            values[rank] = value
+        if outcome == _RETURNED:
+            values[rank] = _unpickled(rank, nprocs, value)
             continue
+        if outcome == _UNPICKLABLE:
+            raise WorkerError(
+                f"rank {rank} of {nprocs} returned a value that cannot be pickled, so spawn cannot hand it back: "
+                f"{value} (return plain data: tensors, numbers, lists, dicts, instances of importable classes)",
+                rank=rank,
+                remote_traceback=value,
+            )
         # A peer's crash is often why this rank failed: let its exit code land, name it first.
         time.sleep(_SETTLE_SECONDS)
         dead = [r for r, p in enumerate(processes) if r not in values and r != rank and p.exitcode not in (None, 0)]
@@ -231,6 +278,27 @@ def _collect(processes: list[Any], results: Any, timeout_s: float, allow_deaths:
             remote_traceback=value,
         )
     return values
+
+
+def _unpickled(rank: int, nprocs: int, payload: bytes) -> Any:
+    try:
+        return pickle.loads(payload)
+    except Exception as error:
+        raise WorkerError(
+            f"rank {rank} of {nprocs} returned a value this process cannot unpickle: "
+            f"{type(error).__name__}: {error} (is its class importable here?)",
+            rank=rank,
+        ) from error
+
+
+def _timed_out(processes: list[Any], values: dict[int, Any], timeout_s: float, stack_dir: str) -> WorkerError:
+    """The timeout's error: the ranks still running, each with its Python stack."""
+    nprocs = len(processes)
+    missing = [r for r in range(nprocs) if r not in values]
+    running = {r: processes[r].pid for r in missing if processes[r].is_alive()}
+    stacks = request_stack_dumps(running, stack_dir) if running else ""
+    where = f"; where the running ranks are (most recent call last):\n{stacks}" if stacks else ""
+    return WorkerError(f"timed out after {timeout_s:g} s waiting for rank(s) {missing} of {nprocs}{where}")
 
 
 def _silent_deaths(processes: list[Any], values: dict[int, Any], exited_at: dict[int, float]) -> list[int]:

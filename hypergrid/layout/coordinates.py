@@ -5,6 +5,11 @@ arithmetic (``coords_of``, ``rank_of``, ``rank_enum_array``) and add the
 vocabulary frameworks use — coordinates as named tuples, keyword coordinates,
 ``MPI_Cart_shift`` neighbours, DeepSpeed-style rank names, node spans.
 
+A coordinate is a ``Coord``: a named tuple whose fields are the dim names,
+one type per tuple of names (``coord_type``). It pickles by the names and the
+values, so it survives ``pickle``, ``copy``, ``all_gather_object`` and
+``spawn``'s results, and it equals the plain tuple of its values.
+
 Examples:
     >>> from hypergrid.layout import GridLayout
     >>> GridLayout([2, 4], ["tp", "pp"]).shift("pp", rank=3)
@@ -13,6 +18,8 @@ Examples:
 
 from __future__ import annotations
 
+import threading
+from collections import namedtuple
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +29,45 @@ from hypergrid.errors import DimsError, GridSpecError, RankError
 from hypergrid.layout.spec import Dims
 from hypergrid.values import as_int
 
-__all__ = ["NamedCoordinates"]
+__all__ = ["NamedCoordinates", "coord_type"]
+
+_coord_types: dict[tuple[str, ...], type[Any]] = {}
+_coord_types_lock = threading.Lock()
+
+
+def coord_type(dim_names: Sequence[str]) -> type[Any]:
+    """The ``Coord`` named-tuple type with ``dim_names`` as fields: one type per tuple of names.
+
+    Its values pickle as ``(dim names, values)`` and are rebuilt through this
+    function, so they cross processes although each type is made at run time.
+
+    Examples:
+        >>> import pickle
+        >>> Coord = coord_type(["tp", "dp"])
+        >>> c = pickle.loads(pickle.dumps(Coord(1, 0)))
+        >>> c, c == (1, 0), type(c) is Coord, c.dp
+        (Coord(tp=1, dp=0), True, True, 0)
+    """
+    names = tuple(dim_names)
+    found = _coord_types.get(names)
+    if found is None:
+        with _coord_types_lock:
+            found = _coord_types.get(names)
+            if found is None:
+                base = namedtuple("Coord", names)  # type: ignore[misc]  # fields known at run time only
+                namespace = {"__slots__": (), "__reduce__": _reduce_coord, "__module__": __name__}
+                found = _coord_types[names] = type("Coord", (base,), namespace)
+    return found
+
+
+def _rebuild_coord(dim_names: tuple[str, ...], values: tuple[int, ...]) -> tuple[int, ...]:
+    """What an unpickled ``Coord`` is made by (module level, so pickle finds it by name)."""
+    coord: tuple[int, ...] = coord_type(dim_names)(*values)
+    return coord
+
+
+def _reduce_coord(self: Any) -> tuple[Any, tuple[tuple[str, ...], tuple[int, ...]]]:
+    return _rebuild_coord, (tuple(self._fields), tuple(self))
 
 
 class NamedCoordinates:

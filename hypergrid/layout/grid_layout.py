@@ -26,7 +26,6 @@ Examples:
 from __future__ import annotations
 
 import math
-from collections import namedtuple
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -35,7 +34,7 @@ import numpy as np
 from einops import rearrange
 
 from hypergrid.errors import DimsError, GridSpecError, RankError
-from hypergrid.layout.coordinates import NamedCoordinates
+from hypergrid.layout.coordinates import NamedCoordinates, coord_type
 from hypergrid.layout.spec import (
     MAX_WORLD_SIZE,
     Dims,
@@ -116,7 +115,7 @@ class GridLayout(NamedCoordinates):
         set_attr(self, "size", size)
         set_attr(self, "strides", strides)
         set_attr(self, "_index", {name: i for i, name in enumerate(names)})
-        set_attr(self, "_coord_type", namedtuple("Coord", names))
+        set_attr(self, "_coord_type", coord_type(names))
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"GridLayout is immutable; cannot set {name!r}")

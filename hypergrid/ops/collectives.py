@@ -27,10 +27,10 @@ import torch.distributed as dist
 from hypergrid.binding.facet import GridFacet
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout import Dims
-from hypergrid.ops.checks import all_gather_single, check_reduce_op, compare_calls, signature
+from hypergrid.ops.checks import all_gather_single, check_collectives_flag, check_reduce_op, compare_calls, signature
 from hypergrid.values import as_int, is_int
 
-__all__ = ["Collectives"]
+__all__ = ["Collectives", "check_collectives_flag"]
 
 #: The two halves of a hierarchy as ``(within, across)`` arguments.
 _HALVES = (("within", ("node", None)), ("across", (None, "node")))
@@ -308,6 +308,15 @@ class Collectives(GridFacet):
 
         With checked collectives on, the call is compared over both halves
         (two small gathers: inside the node, then across).
+
+        Args:
+            tensor: the tensor, overwritten in place with the reduction.
+            dims: the family (a name, a key like ``"dp-tp"``, or a list of names).
+            op: the reduction (``torch.distributed.ReduceOp``).
+            ranks_per_node: consecutive ranks per node (default ``LOCAL_WORLD_SIZE``).
+
+        Returns:
+            ``None``: the result is in ``tensor`` (as ``all_reduce`` without ``async_op``).
 
         Raises:
             DimsError: unknown, repeated or no dims.

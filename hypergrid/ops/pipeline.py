@@ -1,4 +1,11 @@
-"""Pipeline helpers: ring neighbours along a dim and the send/recv op lists for ``batch_isend_irecv``."""
+"""Pipeline helpers: ring neighbours along a dim, the send/recv op lists for ``batch_isend_irecv``, and ``exchange``.
+
+``exchange`` is a pipeline step's communication in one call: every send and
+receive posted together in one ``batch_isend_irecv``, then waited on, so two
+neighbours that send to each other at the same time (the activation of one
+micro-batch forward, the gradient of another backward) cannot deadlock as a
+blocking send followed by a receive can.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,19 @@ from hypergrid.binding.facet import GridFacet
 from hypergrid.errors import DimsError, InvalidArgumentError
 
 __all__ = ["Pipeline"]
+
+
+def _checked(
+    what: str, dim: object, indices: tuple[int, ...], *tensors: torch.Tensor | None
+) -> dict[str, torch.Tensor | None]:
+    """The p2p arguments by name, next-bound pairs first; checked before any group is created."""
+    named = dict(zip(("send_next", "send_prev", "recv_next", "recv_prev"), tensors))
+    for name, tensor in named.items():
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            raise InvalidArgumentError(f"{what}: {name} must be a torch.Tensor or None, got {tensor!r}")
+    if len(indices) != 1:  # one dim, like shift
+        raise DimsError(f"{what} takes one dim, got {dim!r}")
+    return {name: named[name] for name in ("send_next", "recv_prev", "send_prev", "recv_next")}
 
 
 class Pipeline(GridFacet):
@@ -97,12 +117,7 @@ class Pipeline(GridFacet):
             []
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        tensors = {"send_next": send_next, "recv_prev": recv_prev, "send_prev": send_prev, "recv_next": recv_next}
-        for name, tensor in tensors.items():
-            if tensor is not None and not isinstance(tensor, torch.Tensor):
-                raise InvalidArgumentError(f"p2p_ops: {name} must be a torch.Tensor or None, got {tensor!r}")
-        if len(self.layout.dim_indices(dim)) != 1:  # before any creation: one dim, like shift
-            raise DimsError(f"p2p_ops takes one dim, got {dim!r}")
+        tensors = _checked("p2p_ops", dim, self.layout.dim_indices(dim), send_next, send_prev, recv_next, recv_prev)
         group = self._member_pg(dim, "p2p_ops")
         rank = dist.get_rank()
         given = [name for name, tensor in tensors.items() if tensor is not None]
@@ -118,3 +133,60 @@ class Pipeline(GridFacet):
                 op = dist.isend if kind == "send" else dist.irecv
                 ops.append(dist.P2POp(op, tensor, peers[side], group))
         return ops
+
+    def exchange(
+        self,
+        dim: str = "pp",
+        *,
+        send_next: torch.Tensor | None = None,
+        send_prev: torch.Tensor | None = None,
+        recv_next: torch.Tensor | None = None,
+        recv_prev: torch.Tensor | None = None,
+    ) -> None:
+        """Post a pipeline step's sends and receives along ``dim`` in one ``batch_isend_irecv``, and wait.
+
+        The arguments are those of ``p2p_ops``; a stage's ``send_next`` arrives
+        in the next stage's ``recv_prev``, its ``send_prev`` in the previous
+        stage's ``recv_next``. Unlike ``p2p_ops`` the pipeline is open, not a
+        ring: on the first stage ``send_prev`` and ``recv_prev`` are ignored
+        (the buffer is left as it is), on the last stage ``send_next`` and
+        ``recv_next``, so every stage can run the same schedule. Because every
+        transfer is posted before any is waited on, neighbours that send to
+        each other in the same step cannot deadlock. Collective over the
+        family's group (created on first use, also on stages with nothing to
+        send); each transfer's partner must call ``exchange`` (or post the
+        matching op) with a tensor of the same size and dtype.
+
+        Args:
+            dim: the pipeline dim (default ``"pp"``).
+            send_next: tensor for the next stage.
+            send_prev: tensor for the previous stage.
+            recv_next: buffer filled from the next stage.
+            recv_prev: buffer filled from the previous stage.
+
+        Returns:
+            ``None``; the receive buffers are filled in place.
+
+        Raises:
+            DimsError: ``dim`` is not one dim of the grid.
+            InvalidArgumentError: an argument is neither a tensor nor ``None``.
+            RankError: the caller is outside the grid.
+
+        Examples:
+            >>> import torch, torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid, x = HyperCommGrid([1], ["pp"]), torch.zeros(2)
+            >>> grid.exchange("pp", recv_prev=x, send_next=torch.ones(2)); x.tolist()  # one stage: first and last
+            [0.0, 0.0]
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        tensors = _checked("exchange", dim, self.layout.dim_indices(dim), send_next, send_prev, recv_next, recv_prev)
+        self._member_pg(dim, "exchange")  # every stage takes part in the group's creation
+        before, after = self.layout.shift(dim, dist.get_rank())
+        present = {"prev": before is not None, "next": after is not None}
+        kept = {name: t for name, t in tensors.items() if t is not None and present[name.split("_")[1]]}
+        ops = self.p2p_ops(dim, **kept)
+        if ops:
+            for request in dist.batch_isend_irecv(ops):
+                request.wait()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hypergrid import GridLayout, HyperGridError
-from hypergrid.cli.show import parse_grid_arguments, show
+from hypergrid.cli.show import FAMILY_LINE_WIDTH, parse_grid_arguments, show
 
 
 def test_show_16_ranks_lists_everything(capsys: pytest.CaptureFixture[str]) -> None:
@@ -30,7 +31,25 @@ def test_show_16384_ranks_is_summarized(capsys: pytest.CaptureFixture[str]) -> N
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) < 40
     assert any(line.strip() == "..." for line in lines)
-    assert any(line.startswith("tp ") and "2048" in line and " ... " in line for line in lines)
+    assert any(line.startswith("tp ") and "2048" in line and "… and 2046 more groups" in line for line in lines)
+
+
+@pytest.mark.parametrize("limit", ["64", "8", "1000"])
+def test_show_family_lines_are_capped_and_count_what_they_leave_out(
+    limit: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    layout = GridLayout([8, 8, 256], ["tp", "cp", "dp"])
+    assert show(["--shape", "8,8,256", "--dims", "tp,cp,dp", "--limit", limit]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = lines[lines.index(next(line for line in lines if line.startswith("family"))) + 1 :]
+    assert len(rows) == len(layout.all_families())
+    for row, family in zip(rows, layout.all_families()):
+        assert len(row) <= FAMILY_LINE_WIDTH, row
+        assert row.startswith(f"{layout.key(family)} ")
+        shown = row.count("[")
+        more = re.search(r"… and (\d+) more groups?$", row)
+        assert shown + (int(more.group(1)) if more else 0) == layout.num_groups(family), row
+        assert f"  [{layout.rank_enum(family)[0][0]}," in row  # the first group comes first
 
 
 def test_show_json_for_tools(capsys: pytest.CaptureFixture[str]) -> None:

@@ -305,3 +305,25 @@ def test_pgs_is_the_registry_and_non_members_are_never_groups(world8: list[Any])
     grid._pgs["dp-tp"] = member  # the same object under two keys
     grid.destroy()
     assert world8 == [member] and grid._pgs == {}
+
+
+def test_destroy_releases_a_pgs_assigned_from_outside_without_a_world(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Megatron's code and tests assign _pgs directly and expect destroy() to release what is there,
+    # skipping None and NON_GROUP_MEMBER, even where torch.distributed was never initialized.
+    assert not dist.is_initialized()
+    destroyed: list[Any] = []
+    monkeypatch.setattr(dist, "destroy_process_group", lambda group=None: destroyed.append(group))
+    grid = HyperCommGrid([2, 4], ["tp", "dp"])
+    tp, dp = object(), object()
+    grid._pgs = {"tp": tp, "dp": dp, "dp-tp": tp, "none": None, "marker": dist.GroupMember.NON_GROUP_MEMBER}
+    grid.destroy()
+    assert destroyed == [tp, dp] and grid._pgs == {}
+
+
+def test_destroy_releases_a_pgs_assigned_from_outside_in_a_world(world8: list[Any]) -> None:
+    grid = HyperCommGrid([2, 4], ["tp", "dp"])
+    created = grid.create_pg("tp")
+    outside = dist.new_group([0, 1])
+    grid._pgs = {"tp": created, "dp": outside, "marker": dist.GroupMember.NON_GROUP_MEMBER}
+    grid.destroy()
+    assert world8 == [created, outside] and grid._pgs == {}

@@ -31,7 +31,7 @@ LAYOUT = GridLayout([2, 2, 2], ["tp", "cp", "dp"])
         (None, DimsError, "a list of dims"),
         ([["tp", "dp"], "cp", ["dp", "tp"]], DimsError, r"\['tp', 'dp'\] and \['dp', 'tp'\].*same family 'dp-tp'"),
         (["dp-tp", "tp-dp"], DimsError, "'dp-tp' and 'tp-dp'.*same family"),
-        (["tp", "xp"], DimsError, "'xp' is not in view"),
+        (["tp", "xp"], DimsError, "'xp' is not in the grid's dim_names"),
         (["tp", ["cp", "cp"]], DimsError, "repeat"),
         (["tp", []], DimsError, "at least one dim"),
     ],

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 from typing import Any
 
 import pytest
 
-from benchmarks import allreduce, creation
+from benchmarks import allreduce, checked_collectives, creation
 from benchmarks.common import BUS_FACTORS, bandwidths, parse_bytes, size_sweep
 from hypergrid import GridLayout
 
@@ -107,6 +108,8 @@ def test_allreduce_end_to_end_writes_json_and_a_plot(
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
     assert "# total #wrong: 0" in out and "ratio" in out
+    assert "# average_gradients over dp (2 ranks), 100 parameters" in out  # the bucketed vs per-parameter row
+    assert re.search(r"# per-parameter / bucketed: \d+\.\d\d, #wrong 0", out), out
 
 
 @pytest.mark.processes
@@ -198,6 +201,6 @@ def test_checked_rows_time_both_grid_calls_in_the_same_run(
     records = json.loads(json_path.read_text())
     assert sorted(r["impl"] for r in records) == ["checked", "hypergrid", "raw", "unchecked"]
     assert all(r["wrong"] == 0 for r in records)
-    [(family, size, on, off, ratio)] = allreduce.checked_summary(records)
+    [(family, size, on, off, ratio)] = checked_collectives.checked_summary(records)
     assert (family, size) == ("dp-tp", 1024) and ratio == pytest.approx(on / off)
     assert "checked / unchecked" in capsys.readouterr().out

@@ -109,12 +109,13 @@ def store_hygiene(creations: int) -> dict[str, Any]:
 
     Torch's own group creation is replaced by nothing (the caller gets None), so
     that only the guard writes to the store and ``num_keys()`` counts its keys.
+    Between rounds each rank keeps one key, its announcement; destroy() deletes it.
     """
     store = c10d._get_default_store()
     rank = dist.get_rank()
-    hypergrid.grid.batch.create_family = lambda *args: None  # type: ignore[assignment]
+    hypergrid.grid.batch.create_family = lambda *args, **kwargs: None  # type: ignore[assignment]
     baseline = _left(store, 0)
-    out: dict[str, Any] = {"during": []}
+    out: dict[str, Any] = {"during": [], "steady": []}
     grid = HyperCommGrid([2], ["dp"])
     for index in range(creations):
         grid.create_pg("dp")
@@ -122,10 +123,20 @@ def store_hygiene(creations: int) -> dict[str, Any]:
         if index % 100 == 0:
             out["during"].append(store.num_keys() - baseline)
     out["after_successes"] = _left(store, baseline)
-    # Mismatches: every key deleted once both ranks read the verdict.
+    # Successful rounds without destroy: the count stays the same (the two announcements).
+    steady = HyperCommGrid([2], ["dp"])
+    for index in range(creations):
+        steady.create_pg("dp", tag=f"t{index}")
+        if index % 100 == 99:
+            out["steady"].append(_left(store, baseline))
+    steady.destroy()
+    out["after_steady_destroy"] = _left(store, baseline)
+    # Mismatches: every key but the announcements deleted once both ranks read the verdict.
     for _ in range(5):
         _outcome(lambda: grid.create_pg("dp", group_desc=f"rank{rank}"))
     out["after_mismatches"] = _left(store, baseline)
+    grid.destroy()
+    out["after_mismatch_destroy"] = _left(store, baseline)
     # Timeouts: rank 1 arrives after rank 0 gave up (it gets the same error, late); progress lines on rank 0.
     lines = _Lines()
     logging.getLogger("hypergrid").addHandler(lines)
@@ -141,13 +152,15 @@ def store_hygiene(creations: int) -> dict[str, Any]:
     out["after_timeouts"] = _left(store, baseline)
     slow.destroy()
     out["after_destroy"] = _left(store, baseline)
-    # A timed-out round's keys also go with the next completed round of its scope.
+    # A failed round's keys also go with the next completed round of the same grid.
     if rank == 1:
         time.sleep(2.0)
     _outcome(lambda: slow.create_pg("dp"))
     out["after_third_timeout"] = _left(store, baseline)
-    grid.create_pg("dp")
+    slow.create_pg("dp")
     out["after_next_success"] = _left(store, baseline)
+    slow.destroy()
+    out["after_final_destroy"] = _left(store, baseline)
     return out
 
 

@@ -1,0 +1,194 @@
+"""Why a guard round does not end: who is missing, where they are, who stopped answering.
+
+Read only on the slow paths of `hypergrid.agreement.protocol.Round` (a round
+still open after its probe time, or past its timeout), so the success path keeps
+its O(1) store operations per participant.
+
+Every participant announces, as it arrives, where it is: one key per rank,
+``hypergrid/guard/at/<rank>``, holding the round's prefix, its participants (as
+runs) and the request. A rank missing from a round is *waiting elsewhere* when
+its announced round is still open (no verdict) and that round itself waits for
+a rank that arrived here: each of the two waits for the other, which no order
+of arrivals can resolve. That proves the ranks are out of step (or asked for
+different strategies, whose rounds have different participants) without waiting
+for the timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hypergrid.agreement.request import SHOWN, CreationRequest, Verdict
+
+__all__ = [
+    "ABSENT",
+    "ANNOUNCE_PREFIX",
+    "Announcement",
+    "alive_of",
+    "announce_key",
+    "is_open",
+    "last_seen",
+    "parse_runs",
+    "read",
+    "roster_of",
+    "runs_text",
+    "waiting_elsewhere",
+]
+
+#: Where each rank announces the round it is in (one key per rank, overwritten at each round).
+ANNOUNCE_PREFIX = "hypergrid/guard/at"
+
+#: compare_set's expected value in a read that must never write (no key of the guard holds it).
+ABSENT = "\x00absent\x00"
+
+
+def announce_key(rank: int) -> str:
+    """The key of ``rank``'s announcement.
+
+    Examples:
+        >>> announce_key(3)
+        'hypergrid/guard/at/3'
+    """
+    return f"{ANNOUNCE_PREFIX}/{rank}"
+
+
+def runs_text(ranks: Sequence[int]) -> str:
+    """Ranks as comma-separated runs (``0-7``, ``0,4,8``), the whole list.
+
+    Examples:
+        >>> runs_text(range(8)), runs_text([0, 4, 8, 9])
+        ('0-7', '0,4,8-9')
+    """
+    parts: list[str] = []
+    first = last = None
+    for rank in ranks:
+        if last is not None and rank == last + 1:
+            last = rank
+            continue
+        if first is not None:
+            parts.append(str(first) if first == last else f"{first}-{last}")
+        first = last = rank
+    if first is not None:
+        parts.append(str(first) if first == last else f"{first}-{last}")
+    return ",".join(parts)
+
+
+def parse_runs(text: str) -> list[int]:
+    """The ranks of `runs_text`.
+
+    Examples:
+        >>> parse_runs("0,4,8-9")
+        [0, 4, 8, 9]
+    """
+    ranks: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        ranks.extend(range(int(first), int(last or first) + 1))
+    return ranks
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """Where a rank said it is: a round (its prefix and participants) and its request there."""
+
+    prefix: str
+    participants: str  # runs_text
+    request: CreationRequest
+
+    def encode(self) -> str:
+        return f"{self.prefix}\n{self.participants}\n{self.request.encoded}"
+
+    @classmethod
+    def decode(cls, data: bytes) -> Announcement:
+        prefix, participants, encoded = data.decode().split("\n", 2)
+        return cls(prefix, participants, CreationRequest.decode(encoded))
+
+
+def read(store: Any, key: str) -> bytes | None:
+    """The value of ``key``, or None where it is absent, without blocking or writing."""
+    data: bytes = store.compare_set(key, ABSENT, ABSENT)
+    return None if data == ABSENT.encode() else data
+
+
+def roster_of(store: Any, prefix: str) -> tuple[dict[int, str], dict[str, str]]:
+    """(rank -> digest, digest -> encoded request) from a round's roster."""
+    data = read(store, f"{prefix}/roster")
+    entries: dict[int, str] = {}
+    requests: dict[str, str] = {}
+    for line in (data or b"").decode().splitlines():
+        rank, digest, *request = line.split(" ", 2)
+        entries[int(rank)] = digest
+        if request:
+            requests[digest] = request[0]
+    return entries, requests
+
+
+def is_open(store: Any, prefix: str) -> bool:
+    """A round has begun (its arrival counter exists) and has no verdict yet."""
+    return read(store, f"{prefix}/verdict") is None and read(store, f"{prefix}/arrived") is not None
+
+
+def alive_of(store: Any, prefix: str) -> set[int]:
+    """The ranks that marked themselves alive (still waiting) in a round."""
+    data = read(store, f"{prefix}/alive")
+    return {int(line) for line in (data or b"").decode().split()}
+
+
+def announcements(store: Any, ranks: Iterable[int]) -> dict[int, Announcement]:
+    """The announcements of up to `SHOWN` of ``ranks`` (those that made one)."""
+    found: dict[int, Announcement] = {}
+    for rank in list(ranks)[:SHOWN]:
+        data = read(store, announce_key(rank))
+        if data is not None:
+            found[rank] = Announcement.decode(data)
+    return found
+
+
+def waiting_elsewhere(
+    store: Any, prefix: str, here: dict[int, str], missing: Sequence[int], digest: str
+) -> tuple[dict[int, Announcement], Verdict | None]:
+    """The missing ranks (up to `SHOWN`) stuck in another round because of this one, and its verdict if any.
+
+    A missing rank is stuck when its announced round is open and waits for a
+    rank that arrived here (each round waits for the other), or when that round
+    already ended with a mismatch or out-of-step verdict about ``digest`` (this
+    round's request: the other round found us first). That verdict is returned
+    too: both rounds must end with the same one.
+
+    Args:
+        store: the guard's store.
+        prefix: this round's prefix.
+        here: this round's roster (rank -> digest): the ranks that arrived.
+        missing: this round's participants that did not arrive.
+        digest: the digest of this participant's request.
+    """
+    stuck: dict[int, Announcement] = {}
+    found: Verdict | None = None
+    for rank, seen in announcements(store, missing).items():
+        if seen.prefix == prefix:
+            continue  # arriving here now
+        data = read(store, f"{seen.prefix}/verdict")
+        if data is not None:
+            verdict = Verdict.decode(data)
+            if verdict.kind in ("mismatch", "outofstep") and digest in verdict.about:
+                stuck[rank], found = seen, verdict
+            continue
+        if read(store, f"{seen.prefix}/arrived") is None:
+            continue  # that round ended well: between rounds, not stuck
+        there = roster_of(store, seen.prefix)[0]
+        if any(other in here and other not in there for other in parse_runs(seen.participants)):
+            stuck[rank] = seen
+    return stuck, found
+
+
+def last_seen(store: Any, prefix: str, missing: Sequence[int]) -> dict[int, str]:
+    """For up to `SHOWN` missing ranks, the creation each last announced, and whether it still waits there."""
+    seen_text: dict[int, str] = {}
+    for rank, seen in announcements(store, missing).items():
+        if seen.prefix == prefix:
+            continue
+        state = " (still waiting there)" if is_open(store, seen.prefix) else " (ended)"
+        seen_text[rank] = seen.request.describe() + state
+    return seen_text
