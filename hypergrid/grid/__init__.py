@@ -5,6 +5,7 @@ orders guarded creation; the facets add getters, views, node awareness,
 DeviceMesh export, shims and shared communicators.
 """
 
+from hypergrid.grid.elastic import Regrid
 from hypergrid.grid.grid import HyperCommGrid, world_size_hint
 
-__all__ = ["HyperCommGrid", "world_size_hint"]
+__all__ = ["HyperCommGrid", "Regrid", "world_size_hint"]
