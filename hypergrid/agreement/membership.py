@@ -1,35 +1,37 @@
 """Agreement on who is gone: the survivors' round behind ``grid.shrink``, O(1) store operations each.
 
 The same family as the guard's round (`hypergrid.agreement.protocol`): one
-count per distinct proposal, a roster line per participant, one arrivals
-counter with an "all agree" bit, a verdict written by the last to arrive, keys
-deleted by the participants themselves. What differs: the participants are not
-known up front (the proposal says who is dead), and a missing participant is
-not an error but part of the answer.
+count per distinct proposal, a roster line per participant, a verdict written
+by the one whose count completes the round, keys deleted by the participants
+themselves. What differs: the participants are not known up front (the
+proposal says who is dead), and a missing participant is not an error but part
+of the answer.
 
 Keys of one round, under its prefix ``P`` (``hypergrid/elastic/<epoch>``):
 
 - ``P/call``: what the round is (``shrink <proposal>``) or ``release``: spares
   wait on this key alone (`wait_for_call`);
-- ``P/count/<digest>``: how many participants made the proposal with that digest;
-- ``P/roster``: ``rank digest [proposal]`` per participant (the proposal
-  after the first of each digest);
-- ``P/arrived``: arrivals and completions, plus the "all agree" bit and the
-  count of participants that gave up waiting (as the guard's);
-- ``P/verdict``: ``ok`` (the proposal stands), or the dead set as JSON.
+- ``P/count/<digest>``: how many survivors made the proposal with that digest;
+- ``P/roster``: ``rank digest [proposal]`` per survivor (the proposal after
+  the first of each digest): read only on the timeout path;
+- ``P/verdict``: ``ok <digest>`` (that proposal stands), or the dead set as JSON;
+- ``P/done`` (success) or ``P/readers`` (timeout): who has read the verdict.
 
-Success path (every survivor proposes the same complete dead set ``D``):
-``expected - |D|`` participants; each adds its count, appends its line, adds
-its arrival (with the bit when its count came back complete): the one whose
-arrival completes it, with the bit set, writes ``ok``; the others wait for the
-verdict and count themselves done, the last deleting what is left. At most 6
-store operations per participant (5 for most), whatever the number.
+Success path (every survivor proposes the same complete dead set ``D``, so
+``expected - |D|`` of them come): each adds 1 to its proposal's count and
+appends its roster line; the one whose count comes back complete (nobody names
+itself, so a complete count is every rank ``D`` does not name) writes ``ok``
+and deletes the count, the roster and the call; the others wait for the
+verdict, read it and count themselves done, the last deleting the rest. Five
+store operations for most survivors, whatever their number (the first also
+writes the call; the decider deletes three keys).
 
-Otherwise (a dead rank nobody named, proposals that differ) nobody completes:
-the first participant whose ``timeout_s`` passes reads the roster and
+Otherwise (a dead rank nobody named, proposals that differ) no count
+completes: the first survivor whose ``timeout_s`` passes reads the roster and
 publishes the verdict: dead = every rank named by some proposal, plus every
-expected rank that did not arrive. Proposals that differ in policy or dim
-make a ``DesyncError`` on every participant instead.
+expected rank that did not arrive; a named rank that is alive is told it is
+dead. Proposals that differ in policy or dim make a ``DesyncError`` on every
+survivor instead.
 """
 
 from __future__ import annotations
@@ -143,7 +145,6 @@ class MembershipRound:
         self.timeout_s = timeout_s
         self.target = len(expected) - len(proposal.dead)
         self._count = f"{prefix}/count/{proposal.digest}"
-        self._arrived = f"{prefix}/arrived"
         self._roster = f"{prefix}/roster"
         self._verdict = f"{prefix}/verdict"
         self._readers = f"{prefix}/readers"
@@ -167,7 +168,7 @@ class MembershipRound:
         if counted == 1:
             line += f" {self.proposal.encoded}"
         self.store.append(self._roster, line + "\n")
-        if self.store.add(self._arrived, 1) == 1:  # the first survivor calls the round: spares wake up and join
+        if counted == 1:  # the first with this proposal calls the round (if none did): spares wake up and join
             self.store.compare_set(call_key_of(self.prefix), "", f"shrink {self.proposal.encoded}")
         # Nobody names itself, so `target` counts of one proposal are every rank it does not name.
         return bool(counted == self.target)
@@ -178,7 +179,7 @@ class MembershipRound:
         if self.store.compare_set(self._verdict, "", ok) != ok.encode():  # a timeout verdict was first
             return self._conclude()
         done = (self._count, self._roster, call_key_of(self.prefix))  # every spare has read the call
-        alone = (self._arrived, self._verdict) if self.target == 1 else ()  # no other survivor will conclude
+        alone = (self._verdict,) if self.target == 1 else ()  # no other survivor will conclude
         for key in done + alone:
             self.store.delete_key(key)
         return self.proposal.dead
@@ -239,14 +240,14 @@ class MembershipRound:
             if data.decode()[3:] != self.proposal.digest:  # the others agreed on a proposal that names this rank
                 raise self._declared_dead([self.rank])
             if self.store.add(self._done, 1) == self.target - 1:  # the decider counts no completion
-                for key in (self._arrived, self._verdict, self._done):
+                for key in (self._verdict, self._done):
                     self.store.delete_key(key)
             return self.proposal.dead
         if data == _ABSENT.encode():
             raise self._declared_dead([self.rank])
         verdict = json.loads(data)
         if self.store.add(self._readers, 1) == verdict["readers"]:
-            keys = [self._arrived, self._verdict, self._readers, self._roster, call_key_of(self.prefix)]
+            keys = [self._verdict, self._readers, self._roster, call_key_of(self.prefix)]
             for key in keys + [f"{self.prefix}/count/{digest}" for digest in verdict["digests"]]:
                 self.store.delete_key(key)
         if "error" in verdict:

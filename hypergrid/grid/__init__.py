@@ -5,7 +5,7 @@ orders guarded creation; the facets add getters, views, node awareness,
 DeviceMesh export, shims and shared communicators.
 """
 
-from hypergrid.grid.elastic import Regrid
 from hypergrid.grid.grid import HyperCommGrid, world_size_hint
+from hypergrid.grid.regrid import Regrid
 
 __all__ = ["HyperCommGrid", "Regrid", "world_size_hint"]

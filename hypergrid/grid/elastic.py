@@ -12,10 +12,8 @@ the old grid had, behind one guard round. See docs/elastic.md.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
 import torch.distributed as dist
 
 from hypergrid.agreement.membership import MembershipRound, Proposal, call_key, release_key, round_prefix, wait_for_call
@@ -24,6 +22,7 @@ from hypergrid.binding.failures import abort_groups
 from hypergrid.binding.reform import current_epoch, reform_world, retire
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, untagged
 from hypergrid.errors import DimsError, GridSpecError, GridTooLargeError, InvalidArgumentError, RankError
+from hypergrid.grid.regrid import Phases, Regrid
 from hypergrid.layout import KEY_SEPARATOR
 from hypergrid.layout.shrink import ShrinkPlan, check_policy, plan_shrink
 from hypergrid.values import check_timeout, is_int
@@ -31,55 +30,6 @@ from hypergrid.values import check_timeout, is_int
 __all__ = ["Elastic", "Regrid", "check_spares"]
 
 _SHRINK = "shrink "
-
-
-@dataclass(frozen=True)
-class Regrid:
-    """What ``shrink`` (or a drafted spare's ``standby``) returns: the new grid and how the ranks moved.
-
-    Attributes:
-        grid: the new grid (``None`` on a retired rank).
-        rank: this process's rank in the new world (``None`` when retired).
-        epoch: the new world's number (the job's first world is 0).
-        dead: the old world's dead ranks, sorted.
-        retired: this process left the world (the rest of a slice ``"drop"`` removed); it may exit.
-        old_to_new: old rank -> new rank, for every rank of the new world.
-        source: new rank of each spare that took over a dead rank's coordinates -> an old rank, alive,
-            with the same coordinates on every dim but the shrink's ``dim`` (it holds the same model
-            shard): copy state from ``old_to_new[source[new]]``, e.g. with `broadcast_from_sources`.
-        policy: what was applied: ``"drop"`` or ``"spares"``.
-        dim: the replica dim of the shrink.
-    """
-
-    grid: Any
-    rank: int | None
-    epoch: int
-    dead: tuple[int, ...]
-    retired: bool
-    old_to_new: dict[int, int] = field(default_factory=dict)
-    source: dict[int, int] = field(default_factory=dict)
-    policy: str = "drop"
-    dim: str = "dp"
-
-    def broadcast_from_sources(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Copy ``tensors`` from each source to the spares that took over, over the grid's ``dim`` family.
-
-        Called by every rank of the new grid (the family over ``dim`` must be
-        created: it is when the old grid had it); groups with no new spare in
-        them do nothing.
-
-        Examples:
-            >>> Regrid(None, None, 1, (3,), True).broadcast_from_sources([])  # a retired rank: nothing to do
-        """
-        if self.grid is None or not self.source or self.rank is None or not self.grid.layout.contains(self.rank):
-            return
-        members = self.grid.layout.group_ranks([self.dim], self.rank)
-        drafted = [rank for rank in members if rank in self.source]
-        if not drafted:
-            return
-        holder = self.old_to_new[self.source[drafted[0]]]
-        for tensor in tensors:
-            self.grid.broadcast(tensor, self.dim, group_src=members.index(holder))
 
 
 def check_spares(spares: object, world: int | None, end: int) -> int:
@@ -232,22 +182,25 @@ class Elastic(GridFacet):
         return regrid
 
     def _shrink(self, epoch: Any, world: int, proposal: Proposal, timeout: float) -> Regrid:
-        rank = dist.get_rank()
+        rank, clock = dist.get_rank(), Phases()
         store, prefix = epoch.base_store, round_prefix(epoch.number)
         dead = MembershipRound(store, prefix, rank, range(world), proposal, timeout).run()
         plan = plan_shrink(self.layout, world, self.spares, dead, proposal.dim, proposal.policy)
         new_grid = self._successor(plan)  # views checked here, before anything is torn down
         families = self._family_list()
+        clock.lap("agreement")
         moves = {"dead": plan.dead, "old_to_new": plan.old_to_new, "source": plan.source}
-        common = {"policy": plan.policy, "dim": proposal.dim, **moves}
+        common = {"policy": plan.policy, "dim": proposal.dim, "seconds": clock.seconds, **moves}
         self.abort()
+        clock.lap("abort")
         if rank not in plan.old_to_new:
             retire()
             return Regrid(None, None, epoch.number + 1, retired=True, **common)  # type: ignore[arg-type]
         new_rank = plan.old_to_new[rank]
-        timeout_delta = self.group_options.get("timeout")
-        reform_world(epoch, new_rank, len(plan.order), timeout_delta)
+        reform_world(epoch, new_rank, len(plan.order), self.group_options.get("timeout"))
+        clock.lap("world")
         new_grid._recreate(families, epoch.number + 1)
+        clock.lap("families")
         return Regrid(new_grid, new_rank, epoch.number + 1, retired=False, **common)  # type: ignore[arg-type]
 
     def _successor(self, plan: ShrinkPlan) -> Any:

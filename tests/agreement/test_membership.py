@@ -55,10 +55,10 @@ def test_complete_dead_set_agrees_in_o1_ops_and_leaves_no_key(server: Any, world
         server, 100 + world, world, {r: Proposal(dead, "drop", "dp") for r in range(world) if r not in dead}
     )
     assert set(outcomes.values()) == {dead}
-    # Constant in the world size: most survivors make 6 operations; the first and the decider a few more
+    # Constant in the world size: most survivors make 5 operations; the first and the decider a few more
     # (10 for a lone survivor, which calls the round, decides and deletes every key itself).
     assert max(ops.values()) <= 10
-    assert len(ops) == 1 or sorted(ops.values())[len(ops) // 2] <= 6
+    assert len(ops) == 1 or sorted(ops.values())[len(ops) // 2] <= 5
     assert server.num_keys() == before
 
 
