@@ -11,7 +11,7 @@ import pytest
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from benchmarks.guard import CountingStore
-from hypergrid.agreement.membership import MembershipRound, Proposal, call_key, round_prefix
+from hypergrid.agreement.membership import MembershipRound, Proposal, call_key, round_prefix, wait_for_call
 from hypergrid.errors import DesyncError, RankFailure
 
 TIMEOUT = datetime.timedelta(seconds=60)
@@ -110,3 +110,10 @@ def test_the_round_calls_the_spares(server: Any) -> None:
     assert seen == [f"shrink {proposal.encoded}".encode()]
     assert set(outcomes.values()) == {(0,)}
     assert not server.check([call_key(4)])
+
+
+@pytest.mark.timeout(30)
+def test_spares_wait_in_slices_until_called(server: Any) -> None:
+    threading.Timer(0.6, lambda: server.compare_set(call_key(5), "", "release")).start()
+    assert wait_for_call(server, 5, slice_s=0.2) == "release"
+    server.delete_key(call_key(5))

@@ -113,3 +113,9 @@ def test_impossible_shrinks_fail_before_anything_is_torn_down() -> None:
         assert result["dim"].startswith("DimsError") and "'cp'" in result["dim"]
         assert result["policy"].startswith("InvalidArgumentError") and "shuffle" in result["policy"]
         assert result["still_working"] == "4.0"
+
+
+@pytest.mark.timeout(90)
+def test_released_spares_leave_standby() -> None:
+    results = spawn(elastic.released_spare, 4, timeout_s=60)
+    assert results == [{"sum": 3.0}] * 3 + [{"standby": None}]

@@ -203,3 +203,16 @@ def bad_inputs() -> dict[str, str]:
     grid.all_reduce(total, ["dp", "tp"])
     out["still_working"] = str(total.item())
     return out
+
+
+def released_spare() -> dict[str, Any]:
+    """dp=3 and one spare: the grid's ranks work, then release the spare; its standby returns None."""
+    grid: Any = HyperCommGrid([3], ["dp"], spares=1, guard_timeout_s=30.0)
+    grid.create_pg("dp")
+    if dist.get_rank() == 3:
+        return {"standby": grid.standby()}
+    total = torch.ones(1)
+    grid.all_reduce(total, "dp")
+    grid.release_spares()
+    grid.release_spares()  # a second call changes nothing
+    return {"sum": total.item()}
