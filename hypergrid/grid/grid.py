@@ -26,6 +26,7 @@ from hypergrid.errors import (
 )
 from hypergrid.grid.batch import GuardedCreation
 from hypergrid.grid.communicators import Communicators, GroupPool
+from hypergrid.grid.elastic import Elastic, check_spares
 from hypergrid.grid.getters import CoordinateGetters
 from hypergrid.grid.mesh import MeshExport
 from hypergrid.grid.nodes import NodeAwareness
@@ -51,6 +52,7 @@ class HyperCommGrid(
     Pipeline,
     MegatronShims,
     Communicators,
+    Elastic,
 ):
     """An N-dimensional grid of ranks with named dims and lazily created process groups.
 
@@ -92,6 +94,8 @@ class HyperCommGrid(
         group_options: defaults for every family and view: ``timeout``,
             ``pg_options``, ``group_desc`` (passed to torch); a ``create_pg``
             keyword overrides them for one family.
+        spares: the last ``spares`` ranks of the world stay outside the grid, in
+            ``standby``, to take a dead rank's place (see ``shrink``, docs/elastic.md).
 
     Raises:
         GridSpecError: invalid shape, names or offset.
@@ -125,6 +129,7 @@ class HyperCommGrid(
         guard_progress_s: float = 30.0,
         share_groups: bool = True,
         group_options: Mapping[str, Any] | None = None,
+        spares: int = 0,
     ) -> None:
         world = world_size_hint()
         self.layout = GridLayout(resolve_shape(shape, world, rank_offset), dim_names, rank_offset)
@@ -140,6 +145,7 @@ class HyperCommGrid(
         self.share_groups = share_groups
         self.group_options = check_group_options(group_options)
         self._check_fits(world)
+        self.spares = check_spares(spares, world, self.rank_offset + self.size)
         # The grid whose registry this one uses (itself, except for a grid returned by view()),
         # and the view it enumerates. The root grid holds every view and every group.
         self._root: HyperCommGrid = self

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.failures import peer_failures
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout import Dims
 from hypergrid.values import as_int, is_int
@@ -136,7 +137,8 @@ class Collectives(GridFacet):
         """
         _check_tensor(tensor, "all_reduce")
         group = self._member_pg(dims, "all_reduce")
-        work: dist.Work | None = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+        with peer_failures(f"all_reduce over {dims!r}"):
+            work: dist.Work | None = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
         return work
 
     def all_gather(self, tensor: torch.Tensor, dims: Dims, dim: int = 0) -> torch.Tensor:
@@ -163,7 +165,8 @@ class Collectives(GridFacet):
         group = self._member_pg(dims, "all_gather")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((self.layout.group_size(dims) * moved.shape[0], *moved.shape[1:]))
-        _all_gather_single(out, moved, group=group)
+        with peer_failures(f"all_gather over {dims!r}"):
+            _all_gather_single(out, moved, group=group)
         return out.movedim(0, index).contiguous()
 
     def reduce_scatter(
@@ -190,7 +193,8 @@ class Collectives(GridFacet):
         group = self._member_pg(dims, "reduce_scatter")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((chunk, *moved.shape[1:]))
-        _reduce_scatter_single(out, moved, op=op, group=group)
+        with peer_failures(f"reduce_scatter over {dims!r}"):
+            _reduce_scatter_single(out, moved, op=op, group=group)
         return out.movedim(0, index).contiguous()
 
     def broadcast(
@@ -229,7 +233,8 @@ class Collectives(GridFacet):
             )
         group = self._member_pg(dims, "broadcast")
         src = self.layout.group_ranks(dims, dist.get_rank())[group_src]
-        work: dist.Work | None = dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+        with peer_failures(f"broadcast over {dims!r}"):
+            work: dist.Work | None = dist.broadcast(tensor, src=src, group=group, async_op=async_op)
         return work
 
     def barrier(self, dims: Dims, async_op: bool = False) -> dist.Work | None:
@@ -251,7 +256,8 @@ class Collectives(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         group = self._member_pg(dims, "barrier")
-        work: dist.Work | None = dist.barrier(group=group, async_op=async_op)
+        with peer_failures(f"barrier over {dims!r}"):
+            work: dist.Work | None = dist.barrier(group=group, async_op=async_op)
         return work
 
     def hierarchical_all_reduce(
@@ -312,8 +318,9 @@ class Collectives(GridFacet):
         flat = tensor.detach().reshape(-1)
         buffer = torch.cat([flat, flat.new_zeros(-count % k)])  # a copy, padded to k equal shards
         shard = buffer.new_empty(buffer.numel() // k)
-        _reduce_scatter_single(shard, buffer, op=op, group=inner)
-        dist.all_reduce(shard, op=op, group=outer)
-        _all_gather_single(buffer, shard, group=inner)
+        with peer_failures(f"hierarchical_all_reduce over {dims!r}"):
+            _reduce_scatter_single(shard, buffer, op=op, group=inner)
+            dist.all_reduce(shard, op=op, group=outer)
+            _all_gather_single(buffer, shard, group=inner)
         with torch.no_grad():
             tensor.copy_(buffer[:count].view(tensor.shape))
