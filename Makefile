@@ -20,8 +20,8 @@ demo: $(STAMP)
 	$(BIN)/python -m hypergrid demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check hypergrid tests benchmarks
-	$(BIN)/ruff format --check hypergrid tests benchmarks
+	$(BIN)/ruff check hypergrid tests benchmarks examples
+	$(BIN)/ruff format --check hypergrid tests benchmarks examples
 	$(BIN)/mypy
 
 # The docs site, built with --strict: a broken link or docstring fails the build.

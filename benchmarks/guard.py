@@ -135,10 +135,16 @@ def _make(impl: str, prefix: str, participants: Sequence[int]) -> Callable[[Any,
     return lambda store, rank: LeaderReadsAll(store, prefix, rank, participants, REQUEST)
 
 
-def simulate(impl: str, participants: int, clients: list[Any], prefix: str) -> dict[str, Any]:
-    """One round of ``impl`` for ``participants`` simulated ranks over ``clients``; time and operation counts."""
+def simulate(
+    impl: str, participants: int, clients: list[Any], prefix: str, make: Callable[[Any, int], Any] | None = None
+) -> dict[str, Any]:
+    """One round of ``impl`` for ``participants`` simulated ranks over ``clients``; time and operation counts.
+
+    ``make(store, rank)`` builds one participant's side (default: ``impl``'s); its steps return
+    ``True``, or a verdict whose ``kind`` is ``"ok"``, where the participant agreed.
+    """
     everyone = range(participants)
-    make = _make(impl, prefix, everyone)
+    make = make or _make(impl, prefix, everyone)
     count = len(clients)
     slices = [
         everyone[thread * participants // count : (thread + 1) * participants // count] for thread in range(count)

@@ -23,13 +23,14 @@ from hypergrid.errors import *  # noqa: F403 - the exceptions are public, listed
 from hypergrid.layout import GridLayout
 
 if TYPE_CHECKING:
-    from hypergrid.grid import HyperCommGrid
+    from hypergrid.grid import HyperCommGrid, Regrid
     from hypergrid.launch import WorkerDeath, init_from_env, spawn
 
 # The torch binding is imported on first use, so that the pure layout core
 # (``import hypergrid.layout``) works where torch is not installed.
 _LAZY = {
     "HyperCommGrid": "hypergrid.grid",
+    "Regrid": "hypergrid.grid",
     "spawn": "hypergrid.launch",
     "init_from_env": "hypergrid.launch",
     "WorkerDeath": "hypergrid.launch",
@@ -44,5 +45,5 @@ def __getattr__(name: str) -> Any:
 
 __version__ = "0.1.0"
 
-__all__ = ["GridLayout", "HyperCommGrid", "spawn", "init_from_env", "WorkerDeath", "__version__"]
+__all__ = ["GridLayout", "HyperCommGrid", "Regrid", "spawn", "init_from_env", "WorkerDeath", "__version__"]
 __all__ += errors.__all__

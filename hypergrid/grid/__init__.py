@@ -6,5 +6,6 @@ DeviceMesh export, shims and shared communicators.
 """
 
 from hypergrid.grid.grid import HyperCommGrid, world_size_hint
+from hypergrid.grid.regrid import Regrid
 
-__all__ = ["HyperCommGrid", "world_size_hint"]
+__all__ = ["HyperCommGrid", "Regrid", "world_size_hint"]

@@ -19,13 +19,10 @@ from hypergrid.binding.creation import check_strategy
 from hypergrid.binding.options import check_group_options, normalize_backend, refuse_keywords
 from hypergrid.binding.registry import PgKey, for_view, member_or_none
 from hypergrid.binding.worldstate import world_size_hint
-from hypergrid.errors import (
-    GridTooLargeError,
-    GroupNotFoundError,
-    InvalidArgumentError,
-)
+from hypergrid.errors import GridTooLargeError, GroupNotFoundError, InvalidArgumentError
 from hypergrid.grid.batch import GuardedCreation
 from hypergrid.grid.communicators import Communicators, GroupPool
+from hypergrid.grid.elastic import Elastic, check_spares
 from hypergrid.grid.getters import CoordinateGetters
 from hypergrid.grid.mesh import MeshExport
 from hypergrid.grid.nodes import NodeAwareness
@@ -51,6 +48,7 @@ class HyperCommGrid(
     Pipeline,
     MegatronShims,
     Communicators,
+    Elastic,
 ):
     """An N-dimensional grid of ranks with named dims and lazily created process groups.
 
@@ -92,8 +90,9 @@ class HyperCommGrid(
         group_options: defaults for every family and view: ``timeout``,
             ``pg_options``, ``group_desc`` (passed to torch); a ``create_pg``
             keyword overrides them for one family.
-        check_collectives: compare each collective's call across the group first (``hypergrid.ops.checks``);
-            ``None`` (default) reads ``HYPERGRID_CHECK_COLLECTIVES`` once, here.
+        spares: the last ``spares`` ranks of the world stay outside the grid, in
+            ``standby``, to take a dead rank's place (see ``shrink``, docs/elastic.md).
+        check_collectives: compare collectives' calls first (hypergrid.ops.checks); None: HYPERGRID_CHECK_COLLECTIVES.
 
     Raises:
         GridSpecError: invalid shape, names or offset.
@@ -127,6 +126,7 @@ class HyperCommGrid(
         guard_progress_s: float = 30.0,
         share_groups: bool = True,
         group_options: Mapping[str, Any] | None = None,
+        spares: int = 0,
         check_collectives: bool | None = None,
     ) -> None:
         world = world_size_hint()
@@ -144,6 +144,7 @@ class HyperCommGrid(
         self.group_options = check_group_options(group_options)
         self.check_collectives = check_collectives_flag(check_collectives)
         self._check_fits(world)
+        self.spares = check_spares(spares, world, self.rank_offset + self.size)
         # The grid whose registry this one uses (itself, except for a grid returned by view()),
         # and the view it enumerates. The root grid holds every view and every group.
         self._root: HyperCommGrid = self

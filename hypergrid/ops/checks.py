@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hypergrid.binding.failures import peer_failures
 from hypergrid.errors import CollectiveMismatchError, InvalidArgumentError
 from hypergrid.values import as_int, format_ranks
 
@@ -184,12 +185,14 @@ def compare_calls(groups: Sequence[dist.ProcessGroup], row: list[int], tensor: o
     Raises:
         CollectiveMismatchError: the rows differ; the message names each
             distinct call and the ranks that made it.
+        RankFailure: a member is gone (the gather failed because of it).
     """
     device = _device(groups[0], tensor)
     rows = torch.tensor([[dist.get_rank(), *row]], dtype=torch.int64, device=device)
     for group in groups:
         gathered = rows.new_empty((dist.get_world_size(group) * rows.shape[0], rows.shape[1]))
-        all_gather_single(gathered, rows, group=group)
+        with peer_failures(f"{call} over {dims!r} (comparing the call)"):
+            all_gather_single(gathered, rows, group=group)
         rows = gathered
     table = rows.tolist()
     if all(fields[1:] == table[0][1:] for fields in table):

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.failures import peer_failures
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout import Dims
 from hypergrid.ops.checks import all_gather_single, check_collectives_flag, check_reduce_op, compare_calls, signature
@@ -162,7 +163,8 @@ class Collectives(GridFacet):
         _check_tensor(tensor, "all_reduce")
         check_reduce_op(op, "all_reduce")
         group = self._member_pg(dims, "all_reduce")
-        work: dist.Work | None = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+        with peer_failures(f"all_reduce over {dims!r}"):
+            work: dist.Work | None = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
         return work
 
     def all_gather(self, tensor: torch.Tensor, dims: Dims, dim: int = 0) -> torch.Tensor:
@@ -191,7 +193,8 @@ class Collectives(GridFacet):
         group = self._member_pg(dims, "all_gather")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((self.layout.group_size(dims) * moved.shape[0], *moved.shape[1:]))
-        all_gather_single(out, moved, group=group)
+        with peer_failures(f"all_gather over {dims!r}"):
+            all_gather_single(out, moved, group=group)
         return out.movedim(0, index).contiguous()
 
     def reduce_scatter(
@@ -221,7 +224,8 @@ class Collectives(GridFacet):
         group = self._member_pg(dims, "reduce_scatter")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((chunk, *moved.shape[1:]))
-        _reduce_scatter_single(out, moved, op=op, group=group)
+        with peer_failures(f"reduce_scatter over {dims!r}"):
+            _reduce_scatter_single(out, moved, op=op, group=group)
         return out.movedim(0, index).contiguous()
 
     def broadcast(
@@ -262,7 +266,8 @@ class Collectives(GridFacet):
             )
         group = self._member_pg(dims, "broadcast")
         src = self.layout.group_ranks(dims, dist.get_rank())[group_src]
-        work: dist.Work | None = dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+        with peer_failures(f"broadcast over {dims!r}"):
+            work: dist.Work | None = dist.broadcast(tensor, src=src, group=group, async_op=async_op)
         return work
 
     def barrier(self, dims: Dims, async_op: bool = False) -> dist.Work | None:
@@ -284,7 +289,8 @@ class Collectives(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         group = self._member_pg(dims, "barrier")
-        work: dist.Work | None = dist.barrier(group=group, async_op=async_op)
+        with peer_failures(f"barrier over {dims!r}"):
+            work: dist.Work | None = dist.barrier(group=group, async_op=async_op)
         return work
 
     def hierarchical_all_reduce(
@@ -358,8 +364,9 @@ class Collectives(GridFacet):
         flat = tensor.detach().reshape(-1)
         buffer = torch.cat([flat, flat.new_zeros(-count % k)])  # a copy, padded to k equal shards
         shard = buffer.new_empty(buffer.numel() // k)
-        _reduce_scatter_single(shard, buffer, op=op, group=inner)
-        dist.all_reduce(shard, op=op, group=outer)
-        all_gather_single(buffer, shard, group=inner)
+        with peer_failures(f"hierarchical_all_reduce over {dims!r}"):
+            _reduce_scatter_single(shard, buffer, op=op, group=inner)
+            dist.all_reduce(shard, op=op, group=outer)
+            all_gather_single(buffer, shard, group=inner)
         with torch.no_grad():
             tensor.copy_(buffer[:count].view(tensor.shape))

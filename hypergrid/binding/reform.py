@@ -1,0 +1,94 @@
+"""The world after a shrink: the default group re-formed over the survivors under a new store prefix.
+
+Every world a shrink makes is numbered: the *epoch* (0 for the world the job
+started with). The survivors tear the old default group down (``abort``, then
+``destroy_process_group``: nothing waits on a dead peer) and initialise a new
+one with ``init_process_group(store=PrefixStore("hypergrid/elastic/<epoch>/world",
+base))``, where ``base`` is the store of the epoch-0 world. That store must
+outlive every worker: ``hypergrid.spawn`` hosts it in the parent process and
+torchrun in its agent; a ``TCPStore`` hosted by rank 0 dies with rank 0.
+
+On NCCL with ``torch.distributed.shrink_group`` (torch >= 2.13, NCCL >= 2.27)
+a shrink that keeps the survivors' order could use it instead; hypergrid
+re-forms the world the same way on every backend for now (docs/elastic.md).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from hypergrid.binding.failures import abort_groups
+
+__all__ = ["Epoch", "current_epoch", "reform_world", "retire"]
+
+
+@dataclass
+class Epoch:
+    """The current world's number and the store every epoch's world is made on."""
+
+    number: int
+    base_store: Any
+
+
+_ours: dict[str, Any] = {"world": None, "epoch": None}
+
+
+def current_epoch() -> Epoch:
+    """The epoch of the current default group (0 and its own store for a world hypergrid did not re-form)."""
+    world = dist.group.WORLD
+    made = _ours["world"]
+    if made is not None and made() is world and _ours["epoch"] is not None:
+        epoch: Epoch = _ours["epoch"]
+        return epoch
+    return Epoch(0, c10d._get_default_store())
+
+
+def _default_timeout() -> datetime.timedelta:
+    """The old default group's timeout (the new world keeps it); torch's default where it cannot be read."""
+    world: Any = dist.group.WORLD
+    try:
+        timeout = world._get_backend(world.bound_device_id or torch.device("cpu")).options._timeout
+    except (AttributeError, RuntimeError):
+        timeout = None
+    return timeout if isinstance(timeout, datetime.timedelta) else datetime.timedelta(minutes=30)
+
+
+def _tear_down() -> None:
+    """Abort the default group (never waiting on a dead peer); torch forgets it and every other group."""
+    abort_groups([dist.group.WORLD])
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def reform_world(epoch: Epoch, rank: int, size: int, timeout: datetime.timedelta | None) -> Epoch:
+    """Tear down the old world and join the new one of ``size`` ranks as ``rank``; return its epoch.
+
+    Collective over the new world's ranks (each calls it with its new rank).
+    ``RANK`` and ``WORLD_SIZE`` in the environment follow the new world where set.
+    """
+    backend = dist.get_backend()
+    timeout = timeout or _default_timeout()
+    _tear_down()
+    number = epoch.number + 1
+    store = dist.PrefixStore(f"hypergrid/elastic/{number}/world", epoch.base_store)  # type: ignore[attr-defined]
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+    for name, value in (("RANK", rank), ("WORLD_SIZE", size)):
+        if name in os.environ:
+            os.environ[name] = str(value)
+    new = Epoch(number, epoch.base_store)
+    _ours["world"], _ours["epoch"] = weakref.ref(dist.group.WORLD), new
+    return new
+
+
+def retire() -> None:
+    """Leave the world for good (a retired survivor): abort and destroy the default group."""
+    _tear_down()
+    _ours["world"], _ours["epoch"] = None, None

@@ -1,0 +1,336 @@
+"""The elastic grid: when ranks die, the survivors agree, shrink or fill from spares, and carry on.
+
+``grid.shrink`` is collective over the survivors of the old world (spares in
+``standby`` join by themselves): they agree on the dead ranks through the
+store (`hypergrid.agreement.membership`), work out the new world and grid
+(`hypergrid.layout.shrink`), tear the old groups down without waiting on the
+dead (`hypergrid.binding.failures`), re-form the default group under a new
+epoch's store prefix (`hypergrid.binding.reform`) and re-create every family
+the old grid had, behind one guard round. See docs/elastic.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from hypergrid.agreement.membership import MembershipRound, Proposal, call_key, release_key, round_prefix, wait_for_call
+from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.failures import abort_groups
+from hypergrid.binding.reform import current_epoch, reform_world, retire
+from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, untagged
+from hypergrid.errors import DimsError, GridSpecError, GridTooLargeError, InvalidArgumentError, RankError
+from hypergrid.grid.regrid import Phases, Regrid
+from hypergrid.layout import KEY_SEPARATOR
+from hypergrid.layout.shrink import ShrinkPlan, check_policy, plan_shrink
+from hypergrid.values import check_timeout, is_int
+
+__all__ = ["Elastic", "Regrid", "check_spares"]
+
+_SHRINK = "shrink "
+
+
+def check_spares(spares: object, world: int | None, end: int) -> int:
+    """Validate ``spares``: a non-negative int that fits after the grid (which ends before rank ``end``).
+
+    Examples:
+        >>> check_spares(1, 9, 8)
+        1
+    """
+    if not is_int(spares) or isinstance(spares, bool) or int(spares) < 0:  # type: ignore[call-overload]
+        raise InvalidArgumentError(f"spares must be a non-negative int, got {spares!r}")
+    count: int = int(spares)  # type: ignore[call-overload]
+    if world is not None and end + count > world:
+        raise GridTooLargeError(
+            f"spares={count}: the grid ends at rank {end - 1} and the world has {world} ranks, so only "
+            f"{max(world - end, 0)} rank(s) are left over for spares (the last ranks of the world)"
+        )
+    return count
+
+
+def _parse(key: PgKey) -> tuple[str | None, tuple[str, ...], str | None, str | None]:
+    """(view or None, dims, tag, ``"within"``/``"across"`` or None) of a registry key."""
+    family, tag = untagged(key)
+    if isinstance(family, str):
+        view, names = None, tuple(family.split(KEY_SEPARATOR))
+    else:
+        view, names = family[0], tuple(family[1])
+    last, _, half = names[-1].partition(SCOPE_SEPARATOR)
+    return view, (*names[:-1], last), tag, half.partition("=")[0] or None
+
+
+class Elastic(GridFacet):
+    """Abort, shrink, spares and standby (a mixin of ``HyperCommGrid``)."""
+
+    if TYPE_CHECKING:  # provided by HyperCommGrid
+        spares: int
+        share_groups: bool
+        group_options: dict[str, Any]
+        guard_progress_s: float
+        _root: Any
+        _views: dict[str, Any]
+        _families: dict[PgKey, Any]
+        _pool: Any
+
+        @property
+        def created_keys(self) -> list[PgKey]: ...
+        def destroy(self) -> None: ...
+
+    # -- abort ----------------------------------------------------------------
+
+    def _held_groups(self) -> list[Any]:
+        return [entry.group for entry in self._root._pool.entries() if isinstance(entry.group, dist.ProcessGroup)]
+
+    def abort(self) -> None:
+        """Abort every group this grid (and its views) holds, on every backend, then forget them.
+
+        Never blocks on a dead peer: each group is aborted (``ProcessGroup.abort``)
+        before torch destroys it, so a rank stuck in nothing returns at once.
+        The default group is left alone (``shrink`` re-forms it). Afterwards the
+        grid holds no family, as after ``destroy``.
+
+        Examples:
+            >>> import torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1, 1], ["tp", "dp"])
+            >>> _ = grid.create_pgs(["tp", "dp"]); grid.abort(); grid.created_keys
+            []
+            >>> dist.destroy_process_group()
+        """
+        abort_groups([group for group in self._held_groups() if group is not dist.GroupMember.WORLD])
+        self._root.destroy()
+
+    # -- shrink ---------------------------------------------------------------
+
+    def _check_shrink(self, dead: Iterable[int] | None, dim: object, policy: object) -> tuple[int, list[int]]:
+        self._require_initialized("shrink")
+        if not isinstance(dim, str) or dim not in self.dim_names:
+            raise DimsError(f"shrink: dim={dim!r} is not a dim of the grid; expected one of {self.dim_names}")
+        check_policy(policy)
+        world, rank = dist.get_world_size(), dist.get_rank()
+        named = [] if dead is None else list(dead)
+        for gone in named:
+            if not is_int(gone) or isinstance(gone, bool) or not 0 <= gone < world:
+                raise RankError(
+                    f"shrink: dead={named!r} names {gone!r}, which is not a rank of the world 0..{world - 1}"
+                )
+        if rank in named:
+            raise RankError(f"shrink: dead={named!r} names the calling rank {rank} itself; a survivor calls shrink")
+        if getattr(self._root, "_spares_released", False):  # released spares left: they are gone
+            named += range(world - self.spares, world)
+        return world, sorted({int(gone) for gone in named})
+
+    def shrink(
+        self,
+        dead: Iterable[int] | None = None,
+        *,
+        dim: str = "dp",
+        policy: str = "drop",
+        timeout_s: float | None = None,
+    ) -> Regrid:
+        """Carry on without the dead: agree on them, re-form the world, re-create every family on a new grid.
+
+        Collective over every surviving process of the old world (spares in
+        ``standby`` join by themselves). The survivors agree through the store
+        on the dead: the ranks named in ``dead``, and any rank that does not
+        arrive within ``timeout_s`` (with ``dead`` complete and equal on every
+        survivor, nobody waits). Then the old groups are aborted, the default
+        group is re-formed over the survivors (contiguous new ranks, in the old
+        order, under a new epoch's store prefix) and a new grid with the same
+        dims, backend, strategy, options, guard settings and views re-creates,
+        behind one guard round, every family, tag and node half the old grid
+        had (``created_keys`` equal).
+
+        Policies along ``dim`` (the replica dim): ``"drop"`` removes each slice
+        of ``dim`` holding a dead rank (``dim`` shrinks; the other survivors of
+        those slices are *retired*: their ``Regrid.rank`` is ``None``);
+        ``"spares"`` gives each dead rank's coordinates to a spare (the shape
+        stays; ``Regrid.source`` says where to copy its state from), refusing
+        when spares are too few; ``"spares_then_drop"`` falls back to
+        ``"drop"`` then. The store must outlive every worker (docs/elastic.md).
+
+        Args:
+            dead: old ranks known to be gone (e.g. ``RankFailure.dead``); ``None``: none known.
+            dim: the replica dim.
+            policy: ``"drop"``, ``"spares"`` or ``"spares_then_drop"``.
+            timeout_s: how long to wait for a rank nobody named (default: ``guard_timeout_s``).
+
+        Returns:
+            The `Regrid`: the new grid (``None`` when retired), this rank's new rank, the epoch and the moves.
+
+        Raises:
+            NotInitializedError: torch.distributed is not initialized.
+            DimsError: ``dim`` is not a dim of the grid.
+            InvalidArgumentError: an unknown ``policy`` or a bad ``timeout_s``.
+            RankError: ``dead`` names a rank outside the world, or the caller.
+            RankFailure: every slice of ``dim`` died, spares are too few, or this
+                rank was declared dead by the others (it arrived too late).
+            DesyncError: survivors asked for different ``policy`` or ``dim``.
+            GridSpecError: a registered view no longer divides the new grid.
+        """
+        if self._root is not self:  # a grid from view(): the root shrinks (it holds every family)
+            shrunk: Regrid = self._root.shrink(dead, dim=dim, policy=policy, timeout_s=timeout_s)
+            return shrunk
+        timeout = self.guard_timeout_s if timeout_s is None else check_timeout(timeout_s, "timeout_s")
+        world, named = self._check_shrink(dead, dim, policy)
+        epoch = current_epoch()
+        proposal = Proposal(tuple(named), policy, dim)
+        regrid: Regrid = self._shrink(epoch, world, proposal, timeout)
+        return regrid
+
+    def _shrink(self, epoch: Any, world: int, proposal: Proposal, timeout: float) -> Regrid:
+        rank, clock = dist.get_rank(), Phases()
+        store, prefix = epoch.base_store, round_prefix(epoch.number)
+        dead = MembershipRound(store, prefix, rank, range(world), proposal, timeout).run()
+        plan = plan_shrink(self.layout, world, self.spares, dead, proposal.dim, proposal.policy)
+        new_grid = self._successor(plan)  # views checked here, before anything is torn down
+        families = self._family_list()
+        clock.lap("agreement")
+        moves = {"dead": plan.dead, "old_to_new": plan.old_to_new, "source": plan.source}
+        common = {"policy": plan.policy, "dim": proposal.dim, "seconds": clock.seconds, **moves}
+        self.abort()
+        clock.lap("abort")
+        if rank not in plan.old_to_new:
+            retire()
+            return Regrid(None, None, epoch.number + 1, retired=True, **common)  # type: ignore[arg-type]
+        new_rank = plan.old_to_new[rank]
+        reform_world(epoch, new_rank, len(plan.order), self.group_options.get("timeout"))
+        clock.lap("world")
+        new_grid._recreate(families, epoch.number + 1)
+        clock.lap("families")
+        return Regrid(new_grid, new_rank, epoch.number + 1, retired=False, **common)  # type: ignore[arg-type]
+
+    def _successor(self, plan: ShrinkPlan) -> Any:
+        """The new grid (no group yet) with the old one's settings and views, for ``plan``."""
+        root = self._root
+        new = type(root)(
+            list(plan.shape),
+            root.dim_names,
+            plan.rank_offset,
+            root.backend,
+            strategy=root.strategy,
+            guard=root.guard,
+            guard_timeout_s=root.guard_timeout_s,
+            guard_progress_s=root.guard_progress_s,
+            share_groups=root.share_groups,
+            group_options=root.group_options,
+            spares=plan.spares,
+        )
+        for name, view in root._views.items():
+            if name == "base":
+                continue
+            shape = list(view.shape)
+            if tuple(plan.shape) != tuple(root.shape):
+                shape = self._shrunk_view_shape(name, view, plan)
+            new.register_view(name, shape, view.dim_names, view.shared_dims)
+        return new
+
+    def _shrunk_view_shape(self, name: str, view: Any, plan: ShrinkPlan) -> list[int]:
+        """A view's shape once the grid lost slices of one dim: that dim (if the view has it) shrinks alike."""
+        (index,) = [i for i, (old, new) in enumerate(zip(self._root.shape, plan.shape)) if old != new]
+        dim, old, new = self._root.dim_names[index], self._root.shape[index], plan.shape[index]
+        shape = list(view.shape)
+        if dim not in view.dim_names or (shape[view.dim_names.index(dim)] * new) % old:
+            raise GridSpecError(
+                f"shrink: view {name!r} {view.shape} {view.dim_names} cannot follow the grid's {dim!r} from {old} to "
+                f"{new}: it has no dim {dim!r} whose size scales to a whole number; a view must cover the new grid"
+            )
+        shape[view.dim_names.index(dim)] = shape[view.dim_names.index(dim)] * new // old
+        return shape
+
+    def _family_list(self) -> list[tuple[PgKey, dict[str, Any]]]:
+        """Every family the grid created, in order, with what ``_create_families`` needs to create it again."""
+        root = self._root
+        backend_of = {key: entry.backend for entry in root._pool.entries() for key in entry.holders}
+        families = []
+        for key in root.created_keys:
+            view, dims, tag, scope = _parse(key)
+            spec: dict[str, Any] = {"dims": list(dims), "view": view, "tag": tag, "kwargs": {}}
+            if scope is not None:
+                spec["kwargs"] = {scope: "node", "ranks_per_node": root._families[key][2]}
+            if tag is not None and backend_of.get(key) is not None:
+                spec["kwargs"]["backend"] = backend_of[key]
+            families.append((key, spec))
+        return families
+
+    def _recreate(self, families: Sequence[tuple[PgKey, dict[str, Any]]], epoch: int) -> None:
+        """Create ``families`` again, in their order, behind one guard round for all of them."""
+        if not families:
+            return
+        rank = dist.get_rank()
+        plans = []
+        for key, spec in families:
+            _, layout, view = self._family(spec["dims"], spec["view"])  # type: ignore[attr-defined]
+            plans.append((key, layout, view.layout.canonical_dims(spec["dims"])))
+        member = rank if self.strategy == "local" and self.layout.contains(rank) else None
+        options = (("shrink", f"epoch {epoch}"),)
+        self._guard_round(plans, self.strategy, options, None, member)  # type: ignore[attr-defined]
+        guard, self.guard = self.guard, False
+        try:
+            for _, spec in families:
+                self._create_families(  # type: ignore[attr-defined]
+                    [spec["dims"]], spec["view"], None, spec["tag"], dict(spec["kwargs"]), "shrink"
+                )
+        finally:
+            self.guard = guard
+
+    # -- spares ---------------------------------------------------------------
+
+    def standby(self, timeout_s: float | None = None) -> Regrid | None:
+        """On a spare: wait until a ``shrink`` drafts it (return its `Regrid`) or the job ends (``None``).
+
+        Blocks on one store key (no polling). A shrink that does not draft
+        this spare (``"drop"``, or other spares chosen) is joined all the same,
+        and the wait goes on in the new world. Returns ``None`` once the grid's
+        ranks call ``release_spares``.
+
+        Args:
+            timeout_s: the shrinks' timeout for ranks nobody named (default: ``guard_timeout_s``).
+
+        Raises:
+            RankError: the caller is not one of the grid's spares.
+            NotInitializedError: torch.distributed is not initialized.
+        """
+        self._require_initialized("standby")
+        grid: Elastic = self
+        while True:
+            world, rank = dist.get_world_size(), dist.get_rank()
+            if not world - grid.spares <= rank < world:
+                raise RankError(
+                    f"standby: rank {rank} is not a spare (the spares are the last {grid.spares} rank(s) of the "
+                    f"world of {world}); only spares wait"
+                )
+            epoch = current_epoch()
+            call = wait_for_call(epoch.base_store, epoch.number)
+            if not call.startswith(_SHRINK):
+                if epoch.base_store.add(release_key(epoch.number), 1) == grid.spares:
+                    epoch.base_store.delete_key(release_key(epoch.number))
+                    epoch.base_store.delete_key(call_key(epoch.number))
+                return None
+            proposal = Proposal.decode(call[len(_SHRINK) :])
+            timeout = grid.guard_timeout_s if timeout_s is None else check_timeout(timeout_s, "timeout_s")
+            regrid = grid._shrink(epoch, world, proposal, timeout)
+            if regrid.rank is not None and regrid.grid.layout.contains(regrid.rank):
+                return regrid
+            grid = regrid.grid
+
+    def release_spares(self) -> None:
+        """Tell the spares in ``standby`` that the job ends: their ``standby`` returns ``None``.
+
+        Called by the grid's ranks at the end of the job (any one of them is
+        enough; the others' calls change nothing). Later shrinks count the
+        spares as gone.
+
+        Examples:
+            >>> from hypergrid import HyperCommGrid
+            >>> HyperCommGrid([2], ["dp"]).release_spares()  # no spares: nothing to do
+        """
+        self._root._spares_released = True
+        if not self.spares:
+            return
+        self._require_initialized("release_spares")
+        epoch = current_epoch()
+        epoch.base_store.compare_set(call_key(epoch.number), "", "release")
