@@ -87,3 +87,8 @@ def test_signatures_tell_every_field_apart() -> None:
 
 def test_error_class() -> None:
     assert issubclass(CollectiveMismatchError, RuntimeError)
+
+
+def test_a_rank_with_another_setting_is_refused_at_creation_on_every_rank() -> None:
+    outcomes = spawn(workers.one_rank_checks, WORLD, timeout_s=200)
+    assert all(outcome.startswith("DesyncError") and "check_collectives" in outcome for outcome in outcomes), outcomes

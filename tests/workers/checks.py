@@ -106,3 +106,16 @@ def matching_calls(check: bool) -> dict[str, Any]:
         }
     grid.destroy()
     return results
+
+
+def one_rank_checks() -> str:
+    """Rank ``ODD`` alone turns checking on: the first collective's creation must refuse on every rank."""
+    rank = dist.get_rank()
+    grid = HyperCommGrid([2, 2], DIMS, check_collectives=rank == ODD, guard_timeout_s=20)
+    try:
+        grid.all_reduce(torch.ones(2), FAMILY)
+    except HyperGridError as error:
+        return f"{type(error).__name__}: {error}"
+    finally:
+        grid.destroy()
+    return "no error"
