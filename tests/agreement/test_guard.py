@@ -96,17 +96,15 @@ def more() -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(300)
-def test_store_operations_per_rank_are_at_most_10_and_the_same_at_4_and_8(more: list[dict[str, Any]]) -> None:
+def test_store_operations_per_rank_are_at_most_16_at_4_and_at_8(more: list[dict[str, Any]]) -> None:
+    # One creation: the guard round (at most 10 on the busiest rank) and the commit after torch (at most 6),
+    # a bound that does not grow with the world.
     at_8 = [outcome["ops"] for outcome in more]
     at_4 = spawn(guard_workers.store_ops, 4, timeout_s=200)
     for results, families in ((at_4, 3), (at_8, 7)):
         assert all(len(result["per_family"]) == families for result in results)
-        assert all(0 < ops <= 10 for result in results for ops in result["per_family"])
-        assert all(result["families"] == families and 0 < result["batch"] <= 10 for result in results)
-    # Every round has one decider, the busiest participant: the same count whatever the world.
-    assert max(ops for result in at_4 for ops in result["per_family"]) == max(
-        ops for result in at_8 for ops in result["per_family"]
-    )
+        assert all(7 <= ops <= 16 for result in results for ops in result["per_family"]), results
+        assert all(result["families"] == families and 7 <= result["batch"] <= 16 for result in results)
     # The batch's groups are the right ones.
     layout = GridLayout([2, 2, 2], ["tp", "cp", "dp"])
     for rank, result in enumerate(at_8):
