@@ -8,9 +8,11 @@ base))``, where ``base`` is the store of the epoch-0 world. That store must
 outlive every worker: ``hypergrid.spawn`` hosts it in the parent process and
 torchrun in its agent; a ``TCPStore`` hosted by rank 0 dies with rank 0.
 
-On NCCL with ``torch.distributed.shrink_group`` (torch >= 2.13, NCCL >= 2.27)
-a shrink that keeps the survivors' order could use it instead; hypergrid
-re-forms the world the same way on every backend for now (docs/elastic.md).
+On a backend that can shrink (NCCL >= 2.27 through ``torch.distributed.shrink_group``,
+torch >= 2.13), a shrink that keeps the survivors in their old order (no spare
+takes a dead rank's place) shrinks the default communicator instead
+(``ncclCommShrink``, aborting what was in flight); the store stays the same.
+gloo cannot (``supports_shrinking`` is False): it re-forms as above.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.binding.failures import abort_groups
 
-__all__ = ["Epoch", "current_epoch", "reform_world", "retire"]
+__all__ = ["Epoch", "can_shrink", "current_epoch", "reform_world", "retire"]
 
 
 @dataclass
@@ -68,18 +70,38 @@ def _tear_down() -> None:
         dist.destroy_process_group()
 
 
-def reform_world(epoch: Epoch, rank: int, size: int, timeout: datetime.timedelta | None) -> Epoch:
+def can_shrink() -> bool:
+    """Whether the default group's backend shrinks in place (``torch.distributed.shrink_group``; NCCL >= 2.27)."""
+    world: Any = dist.group.WORLD
+    if world is None or not hasattr(dist, "shrink_group"):
+        return False
+    device = world.bound_device_id or (torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    try:
+        return bool(world._get_backend(device).supports_shrinking)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def reform_world(
+    epoch: Epoch, rank: int, size: int, timeout: datetime.timedelta | None, excluded: list[int] | None = None
+) -> Epoch:
     """Tear down the old world and join the new one of ``size`` ranks as ``rank``; return its epoch.
 
     Collective over the new world's ranks (each calls it with its new rank).
     ``RANK`` and ``WORLD_SIZE`` in the environment follow the new world where set.
+    ``excluded``: the old ranks left out, when the others keep their order;
+    then a backend that can shrink (`can_shrink`) shrinks the default group in
+    place instead of re-forming it.
     """
     backend = dist.get_backend()
     timeout = timeout or _default_timeout()
-    _tear_down()
     number = epoch.number + 1
-    store = dist.PrefixStore(f"hypergrid/elastic/{number}/world", epoch.base_store)  # type: ignore[attr-defined]
-    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+    if excluded and can_shrink():
+        dist.shrink_group(sorted(excluded), shrink_flags=c10d.SHRINK_ABORT)
+    else:
+        _tear_down()
+        store = dist.PrefixStore(f"hypergrid/elastic/{number}/world", epoch.base_store)  # type: ignore[attr-defined]
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
     for name, value in (("RANK", rank), ("WORLD_SIZE", size)):
         if name in os.environ:
             os.environ[name] = str(value)

@@ -197,7 +197,10 @@ class Elastic(GridFacet):
             retire()
             return Regrid(None, None, epoch.number + 1, retired=True, **common)  # type: ignore[arg-type]
         new_rank = plan.old_to_new[rank]
-        reform_world(epoch, new_rank, len(plan.order), self.group_options.get("timeout"))
+        # Survivors in their old order (no spare moved in): a backend that can shrink does it in place.
+        kept = list(plan.order) == sorted(plan.order)
+        excluded = [old for old in range(world) if old not in plan.old_to_new] if kept else None
+        reform_world(epoch, new_rank, len(plan.order), self.group_options.get("timeout"), excluded)
         clock.lap("world")
         new_grid._recreate(families, epoch.number + 1)
         clock.lap("families")
