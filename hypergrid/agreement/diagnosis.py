@@ -16,6 +16,9 @@ for the timeout.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +37,7 @@ __all__ = [
     "read",
     "roster_of",
     "runs_text",
+    "wait_for",
     "waiting_elsewhere",
 ]
 
@@ -57,10 +61,14 @@ def announce_key(rank: int) -> str:
 def runs_text(ranks: Sequence[int]) -> str:
     """Ranks as comma-separated runs (``0-7``, ``0,4,8``), the whole list.
 
+    O(1) for a ``range`` of step 1 (a world's participants), O(len) otherwise.
+
     Examples:
         >>> runs_text(range(8)), runs_text([0, 4, 8, 9])
         ('0-7', '0,4,8-9')
     """
+    if isinstance(ranks, range) and ranks.step == 1 and len(ranks) > 0:
+        return str(ranks.start) if len(ranks) == 1 else f"{ranks.start}-{ranks.stop - 1}"
     parts: list[str] = []
     first = last = None
     for rank in ranks:
@@ -123,6 +131,20 @@ def roster_of(store: Any, prefix: str) -> tuple[dict[int, str], dict[str, str]]:
         if request:
             requests[digest] = request[0]
     return entries, requests
+
+
+def wait_for(store: Any, key: str, deadline: float) -> bool:
+    """Wait until ``key`` exists (True) or ``deadline`` (``time.monotonic()``) passes (False).
+
+    torch's store client can return from ``wait`` without the key when its
+    timeout ends as another client writes: each return is checked.
+    """
+    while (left := deadline - time.monotonic()) > 0:
+        with contextlib.suppress(RuntimeError):  # DistStoreError: the slice ended
+            store.wait([key], datetime.timedelta(seconds=left))
+        if store.check([key]):
+            return True
+    return bool(store.check([key]))
 
 
 def is_open(store: Any, prefix: str) -> bool:

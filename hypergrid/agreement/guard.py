@@ -37,9 +37,7 @@ world).
 from __future__ import annotations
 
 import contextlib
-import datetime
 import hashlib
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -218,20 +216,6 @@ def agree(
     return True
 
 
-def _wait_for(store: Any, key: str, deadline: float) -> bool:
-    """Wait until ``key`` exists (True) or ``deadline`` (``time.monotonic()``) passes (False).
-
-    torch's store client can return from ``wait`` without the key when its
-    timeout ends as another client writes: each return is checked.
-    """
-    while (left := deadline - time.monotonic()) > 0:
-        with contextlib.suppress(RuntimeError):  # DistStoreError: the slice ended
-            store.wait([key], datetime.timedelta(seconds=left))
-        if store.check([key]):
-            return True
-    return bool(store.check([key]))
-
-
 def roll_call(prefix: str, participants: Sequence[int], deadline: float) -> list[int]:
     """After a failure every participant sees: who answers by ``deadline`` (``time.monotonic()``)?
 
@@ -246,7 +230,7 @@ def roll_call(prefix: str, participants: Sequence[int], deadline: float) -> list
     if store.add(f"{prefix}/alive-count", 1) >= len(participants):
         store.set(f"{prefix}/alive-done", "1")
         return []
-    _wait_for(store, f"{prefix}/alive-done", deadline)
+    diagnosis.wait_for(store, f"{prefix}/alive-done", deadline)
     answered = diagnosis.alive_of(store, prefix)
     return [other for other in participants if other not in answered]
 
@@ -267,7 +251,7 @@ def settle(
     size = len(participants)
     if store.add(f"{prefix}/created", 1) == size:
         store.set(f"{prefix}/created-all", "1")
-    elif not _wait_for(store, f"{prefix}/created-all", started + timeout_s):
+    elif not diagnosis.wait_for(store, f"{prefix}/created-all", started + timeout_s):
         raise creation_failed(None, what, prefix, participants, started, timeout_s, ledger)
     if store.add(f"{prefix}/created", 1) == 2 * size:
         store.delete_key(f"{prefix}/created")

@@ -34,9 +34,10 @@ then publish and 2 deletes on the decider, wait, read and count on the others),
 10 on the last one, whatever the number of participants.
 
 Slow paths: the first participant to arrive probes a round that is still open
-after its probe time (and at every progress line) for ranks waiting in another
-open round that waits for a rank here, and ends the round with an
-out-of-step (or mismatch) verdict naming both. A participant whose timeout
+after its probe time (`probe_s`, and at every progress line) for ranks waiting
+in another open round that waits for a rank here, and ends the round with an
+out-of-step (or mismatch) verdict naming both. Waiters mark themselves alive at
+their first progress line. A participant whose timeout
 passes adds one timeout to ``P/arrived``: if it is the first and not everyone
 has arrived, it reads the roster, names the missing ranks (and where they last
 were) and writes that verdict; whichever comes first, the decider's arrival or
@@ -65,7 +66,7 @@ from hypergrid.agreement.request import (
     timeout_verdict,
 )
 
-__all__ = ["LOGGER", "PROBE_S", "Round", "grace_s", "round_keys"]
+__all__ = ["LOGGER", "PROBE_S", "Round", "grace_s", "probe_s", "round_keys"]
 
 #: The logger of the progress lines (``logging.getLogger("hypergrid")``).
 LOGGER = logging.getLogger("hypergrid")
@@ -74,8 +75,24 @@ _FIELD = 1 << 30  # P/arrived: arrivals and completions count below this (rounds
 _AGREE = _FIELD  # one request's count reached the number of participants: all agree
 _TIMEOUT = _FIELD << 1  # one participant gave up waiting
 
-#: The first probe of an open round comes after min(this, timeout / 4) seconds.
+#: The first probe of an open round comes after `probe_s` seconds: at least this long.
 PROBE_S = 1.0
+#: ...or this long per participant, so that a large round that is merely busy is not probed.
+PROBE_PER_PARTICIPANT_S = 1e-4
+
+
+def probe_s(participants: int, timeout_s: float) -> float:
+    """When the first to arrive first probes an open round: max(1 s, 0.1 ms per participant), at most timeout / 4.
+
+    A round's success path costs the store about 50 µs per participant (7
+    operations), so a round this late is either stuck or ten times slower than
+    it should be.
+
+    Examples:
+        >>> probe_s(8, 300.0), probe_s(131072, 300.0), probe_s(8, 2.0)
+        (1.0, 13.1072, 0.5)
+    """
+    return min(max(PROBE_S, participants * PROBE_PER_PARTICIPANT_S), timeout_s / 4)
 
 
 def round_keys(prefix: str) -> list[str]:
@@ -224,7 +241,8 @@ class Round:
         """
         start = self._started
         next_line = start + min(self.progress_s, self.timeout_s / 4)
-        next_probe = start + min(PROBE_S, self.timeout_s / 4)
+        first = _fields(self._arrival)[0] == 1  # only the first to arrive probes
+        next_probe = start + probe_s(self.size, self.timeout_s) if first else float("inf")
         while True:
             now = time.monotonic()
             if now >= deadline:
@@ -240,18 +258,20 @@ class Round:
             now = time.monotonic()
             if progress and next_probe <= now < deadline:
                 next_probe = float("inf") if next_probe < next_line else next_line + self.progress_s
-                self._slow()
+                self._probe()
             if progress and next_line <= now < deadline:
+                self._mark_alive()  # for a roll call, should the decider stop before deciding
                 self._log_progress(now - start)
                 next_line += self.progress_s
 
-    def _slow(self) -> None:
-        """An open round past its probe time: mark this participant alive; the first to arrive probes."""
+    def _mark_alive(self) -> None:
+        """Append this participant to the round's roll call, once (slow and failure paths only)."""
         if not self._marked_alive:
             self.store.append(self._alive_key, f"{self.rank}\n")
             self._marked_alive = True
-        if _fields(self._arrival)[0] != 1:
-            return
+
+    def _probe(self) -> None:
+        """On the first to arrive, a round open past its probe time: end it if ranks are stuck elsewhere."""
         verdict, _ = self._stuck_verdict()
         if verdict is not None:
             self._publish(verdict)
@@ -315,9 +335,7 @@ class Round:
         When none comes, every participant arrived but the decider (or a waiter)
         stopped: the ranks that marked themselves alive are the ones still here.
         """
-        if not self._marked_alive:
-            self.store.append(self._alive_key, f"{self.rank}\n")
-            self._marked_alive = True
+        self._mark_alive()
         verdict = self._wait(time.monotonic() + grace_s(self.timeout_s), progress=False)
         if verdict is None:
             alive = diagnosis.alive_of(self.store, self.prefix)
