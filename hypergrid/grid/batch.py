@@ -145,6 +145,16 @@ class GuardedCreation(GridFacet):
             text += f" from rank {self.rank_offset}"
         return text if self.backend is None else f"{text} ({self.backend})"
 
+    def _init_kwargs(self) -> dict[str, Any]:
+        """Every constructor argument but the shape, names and offset, as the root grid holds it.
+
+        Read from the constructor's signature, like `_settings`: a grid built
+        from another (a view, a successor after ``shrink``) keeps every setting,
+        including one added later.
+        """
+        names = inspect.signature(type(self._root)).parameters
+        return {name: getattr(self._root, name) for name in names if name not in _DESCRIBED}
+
     def _settings(self) -> tuple[tuple[str, str], ...]:
         """Every constructor setting of the grid, as (name, text): derived from the signature, so none is forgotten.
 

@@ -210,17 +210,7 @@ class Elastic(GridFacet):
         """The new grid (no group yet) with the old one's settings and views, for ``plan``."""
         root = self._root
         new = type(root)(
-            list(plan.shape),
-            root.dim_names,
-            plan.rank_offset,
-            root.backend,
-            strategy=root.strategy,
-            guard=root.guard,
-            guard_timeout_s=root.guard_timeout_s,
-            guard_progress_s=root.guard_progress_s,
-            share_groups=root.share_groups,
-            group_options=root.group_options,
-            spares=plan.spares,
+            list(plan.shape), root.dim_names, plan.rank_offset, **{**root._init_kwargs(), "spares": plan.spares}
         )
         for name, view in root._views.items():
             if name == "base":

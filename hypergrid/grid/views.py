@@ -122,6 +122,7 @@ class Views(GridFacet):
         _ordinal: int
 
         def _describe(self) -> str: ...
+        def _init_kwargs(self) -> dict[str, Any]: ...
 
         def __init__(
             self,
@@ -285,17 +286,7 @@ class Views(GridFacet):
     def _bound_view(self, name: str) -> Self:
         root = self._root
         spec = root._views[name]
-        bound = type(root)(
-            spec.shape,
-            spec.dim_names,
-            root.rank_offset,
-            root.backend,
-            strategy=root.strategy,
-            guard=root.guard,
-            guard_timeout_s=root.guard_timeout_s,
-            share_groups=root.share_groups,
-            group_options=root.group_options,
-        )
+        bound = type(root)(spec.shape, spec.dim_names, root.rank_offset, **root._init_kwargs())
         bound._root, bound._view_name = root, name
         grid_ordinal(bound._describe(), forget=bound._ordinal)  # a view creates through its root: no grid of its own
         return bound

@@ -108,3 +108,13 @@ def test_create_rechecks_the_real_world_size(monkeypatch: pytest.MonkeyPatch) ->
             HyperCommGrid([2], ["dp"])
     finally:
         dist.destroy_process_group()
+
+
+def test_a_view_keeps_every_constructor_setting_of_its_root() -> None:
+    # Bound views are built from the constructor's signature: a setting added later is not forgotten.
+    grid = HyperCommGrid(
+        [2, 2], ["tp", "dp"], guard_timeout_s=7.0, guard_progress_s=3.0, share_groups=False, check_collectives=True
+    )
+    expert = grid.view([4], ["ep"], name="expert")
+    for name in ("guard_timeout_s", "guard_progress_s", "share_groups", "check_collectives", "strategy", "spares"):
+        assert getattr(expert, name) == getattr(grid, name), name
