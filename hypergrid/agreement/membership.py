@@ -44,14 +44,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hypergrid.agreement import diagnosis
 from hypergrid.errors import DesyncError, RankFailure
 from hypergrid.values import format_ranks
 
 __all__ = ["MembershipRound", "Proposal", "call_key", "release_key", "wait_for_call"]
 
 PREFIX = "hypergrid/elastic"
-
-_ABSENT = "\x00absent\x00"  # compare_set's expected value in a read that never writes
 
 
 def round_prefix(epoch: int) -> str:
@@ -221,10 +220,10 @@ class MembershipRound:
         self.store.compare_set(self._verdict, "", json.dumps(verdict))
 
     def _read_roster(self) -> tuple[dict[int, str], dict[str, Proposal]]:
-        data = self.store.compare_set(self._roster, _ABSENT, _ABSENT)
+        data = diagnosis.read(self.store, self._roster)
         entries: dict[int, str] = {}
         proposals: dict[str, Proposal] = {}
-        if data == _ABSENT.encode():
+        if data is None:
             return entries, proposals
         for line in data.decode().splitlines():
             rank, digest, *encoded = line.split(" ", 2)
@@ -235,7 +234,9 @@ class MembershipRound:
 
     def _conclude(self) -> tuple[int, ...]:
         """The verdict exists: read it, count this survivor done; the last one deletes the round's keys."""
-        data = self.store.compare_set(self._verdict, _ABSENT, _ABSENT)
+        data = diagnosis.read(self.store, self._verdict)
+        if data is None:
+            raise self._declared_dead([self.rank])
         if data.startswith(b"ok "):
             if data.decode()[3:] != self.proposal.digest:  # the others agreed on a proposal that names this rank
                 raise self._declared_dead([self.rank])
@@ -243,8 +244,6 @@ class MembershipRound:
                 for key in (self._verdict, self._done):
                     self.store.delete_key(key)
             return self.proposal.dead
-        if data == _ABSENT.encode():
-            raise self._declared_dead([self.rank])
         verdict = json.loads(data)
         if self.store.add(self._readers, 1) == verdict["readers"]:
             keys = [self._verdict, self._readers, self._roster, call_key_of(self.prefix)]
