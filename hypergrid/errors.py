@@ -15,6 +15,7 @@ __all__ = [
     "CreationRefusedError",
     "DesyncError",
     "DimsError",
+    "FencedError",
     "GridSpecError",
     "GridTooLargeError",
     "GroupExistsError",
@@ -148,6 +149,15 @@ class RankFailure(HyperGridError, RuntimeError):
     def __init__(self, message: str, dead: list[int] | None = None) -> None:
         super().__init__(message)
         self.dead = sorted(dead or [])
+
+
+class FencedError(HyperGridError, RuntimeError):
+    """This rank was declared dead by the others (it answered no roll call in time) and may not rejoin.
+
+    Raised by every grid call of a rank that was stopped or cut off while the
+    others recovered without it. Not a `RankFailure`: a recovery loop that
+    catches `RankFailure` lets it through, and the process should exit.
+    """
 
 
 class GuardTimeoutError(RankFailure, TimeoutError):

@@ -8,6 +8,13 @@ closed by peer", "Timed out waiting ... for recv"), NCCL's ``DistBackendError``
 training loop catches one exception and calls ``grid.shrink``. Errors that are
 not about a peer (a bad argument, a wrong shape) pass through unchanged.
 
+Every communication call of the grid goes through `communicate` (or
+`wait_work` for works it already holds): the call is issued asynchronously and
+waited on here, so that failure news from another rank can end the wait at once
+(`hypergrid.binding.alarm`), on every backend. With ``async_op=True`` the caller
+gets a `Watched` work whose ``wait()`` does the same. `check_live` refuses any
+grid call on a rank that the others excluded (fenced).
+
 `abort_groups` releases groups without blocking on a dead peer: ``abort()``
 where the backend has it (gloo and NCCL do), else nothing to abort, then
 torch's ``destroy_process_group`` to drop them from its registry.
@@ -16,14 +23,24 @@ torch's ``destroy_process_group`` to drop them from its registry.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.errors import HyperGridError, RankFailure
+from hypergrid.binding import alarm
+from hypergrid.errors import HyperGridError
 
-__all__ = ["abort_groups", "is_peer_failure", "peer_failures"]
+__all__ = [
+    "Watched",
+    "abort_groups",
+    "check_live",
+    "communicate",
+    "is_peer_failure",
+    "peer_failures",
+    "wait_work",
+    "wait_works",
+]
 
 #: Words of torch's messages that mean a peer is gone or a collective could not complete because of one.
 _PEER_WORDS = (
@@ -81,11 +98,86 @@ def peer_failures(what: str, dead: Sequence[int] = ()) -> Iterator[None]:
         if not is_peer_failure(error):
             raise
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise RankFailure(
-            f"{what} failed: a peer is gone ({first_line}); catch RankFailure and call grid.shrink() on every "
-            "survivor to carry on",
-            list(dead),
-        ) from error
+        raise alarm.failure(what, first_line, dead) from error
+
+
+def check_live(what: str) -> None:
+    """Refuse a grid call on a rank the others excluded (``FencedError``), or in a world that failed (``RankFailure``).
+
+    A process-local check (no communication): it reads what this rank's
+    watcher learned (`hypergrid.binding.alarm`).
+
+    Examples:
+        >>> check_live("all_reduce over 'dp'")  # no failure known: nothing happens
+    """
+    alarm.check(what)
+
+
+def wait_work(work: Any, what: str) -> None:
+    """Wait for a torch ``Work``; a peer's failure, or failure news from another rank, raises ``RankFailure``.
+
+    The wait ends as soon as the work completes or this rank learns that the
+    world failed (`hypergrid.binding.alarm`), whichever comes first; torch's
+    error, where there is one, is kept as ``__cause__``.
+    """
+    with peer_failures(what):
+        alarm.wait(work, what)
+
+
+def wait_works(works: Iterable[Any], what: str) -> None:
+    """`wait_work` for each of ``works`` (a batch of point-to-point requests, say)."""
+    for work in works:
+        wait_work(work, what)
+
+
+class Watched:
+    """A torch ``Work`` whose ``wait()`` raises ``RankFailure`` on a peer's failure (what ``async_op=True`` returns).
+
+    ``is_completed()``, ``is_success()``, ``exception()``, ``get_future()`` and
+    ``result()`` are torch's; ``work`` is the wrapped handle.
+    """
+
+    def __init__(self, work: Any, what: str) -> None:
+        self.work = work
+        self.what = what
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Wait for the work (``timeout`` is accepted for torch's signature and ignored); True once it completed."""
+        wait_work(self.work, self.what)
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.work, name)
+
+    def __repr__(self) -> str:
+        return f"Watched({self.what})"
+
+
+def communicate(what: str, call: Callable[..., Any], *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
+    """Run torch's collective ``call(*args, **kwargs)``; a peer's failure raises ``RankFailure``.
+
+    The call is issued with ``async_op=True`` and waited on with `wait_work`
+    (so failure news ends the wait). Returns ``None``, or with ``async_op=True``
+    a `Watched` work.
+
+    Examples:
+        >>> import torch, torch.distributed as dist
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> x = torch.ones(2)
+        >>> communicate("all_reduce", dist.all_reduce, x); x.tolist()
+        [1.0, 1.0]
+        >>> communicate("all_reduce", dist.all_reduce, x, async_op=True).wait()
+        True
+        >>> dist.destroy_process_group()
+    """
+    check_live(what)
+    with peer_failures(what):
+        work = call(*args, async_op=True, **kwargs)
+    if async_op:
+        return Watched(work, what)
+    if work is not None:
+        wait_work(work, what)
+    return None
 
 
 def abort_groups(groups: Iterable[Any]) -> None:

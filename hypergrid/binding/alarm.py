@@ -1,0 +1,179 @@
+"""What this rank knows of failures in its world: the alarm that ends every grid wait at once.
+
+The grid's communication calls wait here (`wait`): until the torch work
+completes, or until this rank learns that its world failed, whichever comes
+first. The news comes from this rank's watcher
+(`hypergrid.agreement.watcher`): one thread per rank, blocked on one store key,
+which runs the roll call when another rank reports a failure and then calls
+`sound` with the ranks that did not answer. Every wait of the grid then ends
+with ``RankFailure`` naming them; torch's own operation is left behind (a gloo
+collective cannot be interrupted: it ends when its peer's connection closes
+or at its timeout, and the group is aborted by ``shrink``).
+
+A rank that the others declared dead (it answered no roll call in time: it was
+stopped, or cut off) is *fenced* (`fence`): from then on every grid call
+raises ``FencedError``; it never rejoins. The fence outlives the world; the
+failure news belongs to one world (a new default group starts clean).
+
+The layer below the watcher: ops and the grid import this module, the
+watcher installs itself here (`install`), so nothing imports upward.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hypergrid.binding.worldstate import PerWorld
+from hypergrid.errors import FencedError, HyperGridError, RankFailure
+from hypergrid.values import format_ranks
+
+__all__ = ["News", "check", "failure", "fence", "fenced", "install", "news", "sound", "wait"]
+
+#: Reports a failure this rank saw to the whole world and returns the dead ranks the roll call found
+#: (or None when no verdict came in time). Installed by the watcher of the current world.
+Reporter = Callable[[str], "Sequence[int] | None"]
+
+
+@dataclass(frozen=True)
+class News:
+    """A failure of the current world, as the roll call settled it."""
+
+    dead: tuple[int, ...]
+    reason: str
+
+
+class _Alarm:
+    """The process's failure state: per world (news, waiters, reporter) and for good (the fence)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.world = PerWorld()
+        self.fence: str | None = None
+
+    def state(self) -> dict[str, Any]:
+        with self.lock:
+            data = self.world.get()
+            if not data:
+                data.update(news=None, waiters=set(), reporter=None)
+            return data
+
+
+_alarm = _Alarm()
+
+
+def install(reporter: Reporter | None) -> None:
+    """Set (or clear, with None) the current world's reporter: the watcher does, when it starts."""
+    _alarm.state()["reporter"] = reporter
+
+
+def news() -> News | None:
+    """The current world's failure, once the roll call settled it; else None."""
+    found: News | None = _alarm.state()["news"]
+    return found
+
+
+def fenced() -> str | None:
+    """Why this rank was fenced (declared dead by the others), or None."""
+    return _alarm.fence
+
+
+def sound(dead: Sequence[int], reason: str) -> None:
+    """The current world failed (``dead`` did not answer the roll call): end every grid wait at once."""
+    data = _alarm.state()
+    with _alarm.lock:
+        if data["news"] is None:
+            data["news"] = News(tuple(sorted(dead)), reason)
+        waiters = list(data["waiters"])
+    for event in waiters:
+        event.set()
+
+
+def fence(reason: str) -> None:
+    """This rank was declared dead by the others: every grid call from now on raises ``FencedError``."""
+    with _alarm.lock:
+        if _alarm.fence is None:
+            _alarm.fence = reason
+    sound((), reason)
+
+
+def _fenced_error(what: str) -> FencedError:
+    return FencedError(
+        f"{what}: this rank was excluded by the others ({_alarm.fence}); it cannot take part in the job any more "
+        "(its grid and groups are gone for it): exit, and let the launcher start a new process if one is needed"
+    )
+
+
+def check(what: str) -> None:
+    """Raise ``FencedError`` on a fenced rank, ``RankFailure`` once the current world failed; else nothing."""
+    if _alarm.fence is not None:
+        raise _fenced_error(what)
+    found = news()
+    if found is not None:
+        raise _failure_of(what, found)
+
+
+def _failure_of(what: str, found: News) -> RankFailure:
+    who = f"rank(s) {format_ranks(list(found.dead))} stopped answering" if found.dead else "a peer reported a failure"
+    return RankFailure(
+        f"{what} failed: {who} ({found.reason}); catch RankFailure and call grid.shrink() on every survivor to "
+        "carry on",
+        list(found.dead),
+    )
+
+
+def failure(what: str, said: str, dead: Sequence[int] = ()) -> HyperGridError:
+    """The ``RankFailure`` for a torch error this rank saw; first reported to the world (roll call) if it can be.
+
+    With a watcher installed the failure is reported (every rank's waits end)
+    and the roll call names the dead; without one, ``dead`` as given.
+    """
+    data = _alarm.state()
+    reporter: Reporter | None = data["reporter"]
+    if _alarm.fence is None and data["news"] is None and reporter is not None:
+        found = reporter(f"{what}: {said}")
+        if found is not None:
+            sound(found, f"{what}: {said}")
+    if _alarm.fence is not None:
+        return _fenced_error(what)
+    known = news()
+    if known is not None:
+        return _failure_of(what, known)
+    return RankFailure(
+        f"{what} failed: a peer is gone ({said}); catch RankFailure and call grid.shrink() on every survivor to "
+        "carry on",
+        list(dead),
+    )
+
+
+def wait(work: Any, what: str) -> None:
+    """Wait for torch's ``work``; return early with ``RankFailure`` if the world fails meanwhile.
+
+    Without a watcher (a world of one, the fake backend) it is ``work.wait()``.
+    torch's error, if the work failed, propagates as torch raised it.
+    """
+    check(what)
+    data = _alarm.state()
+    if data["reporter"] is None:
+        work.wait()
+        return
+    try:
+        future = work.get_future()
+    except RuntimeError:  # a work without a future (some point-to-point works): a plain wait
+        work.wait()
+        return
+    event = threading.Event()
+    with _alarm.lock:
+        data["waiters"].add(event)
+    try:
+        future.add_done_callback(lambda _: event.set())
+        if data["news"] is None and _alarm.fence is None:
+            event.wait()
+    finally:
+        with _alarm.lock:
+            data["waiters"].discard(event)
+    if not future.done():
+        check(what)
+    work.wait()
