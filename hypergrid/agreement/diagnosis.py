@@ -31,6 +31,7 @@ __all__ = [
     "Announcement",
     "alive_of",
     "announce_key",
+    "await_value",
     "is_open",
     "last_seen",
     "parse_runs",
@@ -145,6 +146,23 @@ def wait_for(store: Any, key: str, deadline: float) -> bool:
         if store.check([key]):
             return True
     return bool(store.check([key]))
+
+
+def await_value(store: Any, key: str, until: float) -> bytes | None:
+    """``key``'s value once it exists, or None at ``until`` (``time.monotonic()``): one ``wait``, one read.
+
+    For a key whose arrival ends a wait (a verdict): the read that follows is
+    needed anyway, so a success costs two operations; a return of torch's
+    ``wait`` without the key is checked, as in `wait_for`.
+    """
+    while True:
+        left = until - time.monotonic()
+        if left > 0:
+            with contextlib.suppress(RuntimeError):  # DistStoreError: ``until`` passed
+                store.wait([key], datetime.timedelta(seconds=left))
+        data = read(store, key)
+        if data is not None or time.monotonic() >= until:
+            return data
 
 
 def is_open(store: Any, prefix: str) -> bool:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,9 +46,11 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.agreement import diagnosis
+from hypergrid.agreement.barrier import Barrier, BarrierFailed
 from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.protocol import Round, grace_s, round_keys
 from hypergrid.agreement.request import CreationRequest, shown_ranks
+from hypergrid.agreement.watcher import current_watcher
 from hypergrid.binding.worldstate import PerWorld
 from hypergrid.errors import RankFailure
 
@@ -235,6 +237,16 @@ def roll_call(prefix: str, participants: Sequence[int], deadline: float) -> list
     return [other for other in participants if other not in answered]
 
 
+def _liveness(participants: Sequence[int]) -> tuple[Callable[[], Sequence[int]] | None, Any]:
+    """The world's liveness probe (its watcher's roll call, the participants it found dead) and the
+    connection a probing thread may use; (None, None) where no watcher runs."""
+    watcher = current_watcher()
+    if watcher is None:
+        return None, None
+    members = set(participants)
+    return (lambda: [rank for rank in watcher.probe("a guarded creation waits") if rank in members]), watcher.side
+
+
 def settle(
     prefix: str, participants: Sequence[int], started: float, timeout_s: float, what: str, ledger: GuardLedger | None
 ) -> None:
@@ -242,20 +254,20 @@ def settle(
 
     After the guard agreed, torch creates the groups; a participant that dies
     there would leave the others with different registries (those whose groups
-    did not hold it finish). Each participant counts itself done under
-    ``prefix`` and waits for the others, at most until ``started + timeout_s``;
-    then the survivors' roll call names the dead. The last participant to pass
-    deletes the keys.
+    did not hold it finish). The participants meet at a `Barrier` under
+    ``prefix`` (at most until ``started + timeout_s``; a member the world's
+    roll call finds dead ends it at once), whose outcome is written once: a
+    participant that comes back after the others gave up (resumed after
+    SIGSTOP) gets the failure too, never success.
     """
     store: Any = c10d._get_default_store()
-    size = len(participants)
-    if store.add(f"{prefix}/created", 1) == size:
-        store.set(f"{prefix}/created-all", "1")
-    elif not diagnosis.wait_for(store, f"{prefix}/created-all", started + timeout_s):
-        raise creation_failed(None, what, prefix, participants, started, timeout_s, ledger)
-    if store.add(f"{prefix}/created", 1) == 2 * size:
-        store.delete_key(f"{prefix}/created")
-        store.delete_key(f"{prefix}/created-all")
+    rank = dist.get_rank()
+    probe, side = _liveness(participants)
+    deadline = started + timeout_s
+    try:
+        Barrier(store, prefix, rank, participants, deadline, f"the end of creating {what}", probe, side).run()
+    except BarrierFailed as failed:
+        raise creation_failed(None, what, prefix, participants, started, timeout_s, ledger, failed.dead) from None
 
 
 def creation_failed(
@@ -266,21 +278,32 @@ def creation_failed(
     started: float,
     timeout_s: float,
     ledger: GuardLedger | None,
+    dead: Sequence[int] | None = None,
 ) -> RankFailure:
     """torch failed (or a peer never finished) creating groups after the guard agreed: a `RankFailure`.
 
-    The participants' roll call under ``prefix`` names who is gone; every
-    survivor joins it by ``started + timeout_s`` (torch's creation is bounded by
-    ``timeout_s``, and so is `settle`), so it ends by then plus `grace_s`.
+    The commit under ``prefix`` is failed first (the participants waiting
+    there wake at once). Who is gone: ``dead`` if known, else the world's roll
+    call (its watcher) where one runs, else the participants' own roll call
+    under ``prefix``, which every survivor joins by ``started + timeout_s``
+    (torch's creation is bounded by ``timeout_s``, and so is `settle`), so it
+    ends by then plus `grace_s`.
     """
-    deadline = started + timeout_s + grace_s(timeout_s)
-    dead = roll_call(prefix, participants, deadline)
+    store: Any = c10d._get_default_store()
+    said = f"; torch said: {error}" if error is not None else f"; not every rank finished within {timeout_s:g} s"
+    if error is not None:
+        Barrier(store, prefix, dist.get_rank(), participants, started + timeout_s, what).fail(store, said)
+    if dead is None:
+        probe, _ = _liveness(participants)
+        if probe is not None:
+            dead = list(probe())
+        else:
+            dead = roll_call(prefix, participants, started + timeout_s + grace_s(timeout_s))
     if ledger is not None:
         ledger.record(prefix, dead)
     who = f"rank(s) {shown_ranks(dead)} stopped answering" if dead else "every participant still answers"
-    said = f"; torch said: {error}" if error is not None else f"; not every rank finished within {timeout_s:g} s"
     return RankFailure(
         f"creating {what} failed after every rank agreed to it: {who} (a peer died or hung while torch was "
         f"creating the groups){said}",
-        dead=dead,
+        dead=list(dead),
     )

@@ -27,11 +27,20 @@ store operations for most survivors, whatever their number (the first also
 writes the call; the decider deletes three keys).
 
 Otherwise (a dead rank nobody named, proposals that differ) no count
-completes: the first survivor whose ``timeout_s`` passes reads the roster and
-publishes the verdict: dead = every rank named by some proposal, plus every
-expected rank that did not arrive; a named rank that is alive is told it is
-dead. Proposals that differ in policy or dim make a ``DesyncError`` on every
-survivor instead.
+completes. With a liveness ``probe`` (the world's watcher,
+`hypergrid.agreement.watcher`), the first two survivors of each proposal ask
+it every `probe_period_s` who is dead, on a thread of their own
+(`hypergrid.agreement.barrier.Prober`); as soon as it names a rank the
+proposals did not, that thread reads the roster and publishes the verdict:
+dead = every rank named by some proposal, plus every rank the roll calls
+found dead. A rank that is slow but alive is not in it: it reads the verdict
+when it arrives. Without a probe, or when the ranks that have not arrived are
+all alive, the first survivor whose ``timeout_s`` passes publishes it, with
+every expected rank that did not arrive counted dead as well. A named rank
+that is alive is told it is dead. Proposals that differ in policy, dim or
+families make a ``DesyncError`` on every survivor instead. The last survivor
+to read a verdict deletes every key of the round (a decider that died
+before its clean-up leaves nothing behind).
 """
 
 from __future__ import annotations
@@ -40,17 +49,29 @@ import datetime
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hypergrid.agreement import diagnosis
+from hypergrid.agreement.barrier import Prober
+from hypergrid.agreement.liveness import majority
 from hypergrid.errors import DesyncError, RankFailure
 from hypergrid.values import format_ranks
 
-__all__ = ["MembershipRound", "Proposal", "call_key", "release_key", "wait_for_call"]
+__all__ = ["MembershipRound", "Proposal", "call_key", "probe_period_s", "release_key", "wait_for_call"]
 
 PREFIX = "hypergrid/elastic"
+
+
+def probe_period_s(participants: int) -> float:
+    """How often a waiting prober asks the liveness probe: ``max(1 s, 0.1 ms per participant)``.
+
+    Examples:
+        >>> probe_period_s(8), probe_period_s(131072)
+        (1.0, 13.1072)
+    """
+    return max(1.0, participants * 1e-4)
 
 
 def round_prefix(epoch: int) -> str:
@@ -86,10 +107,11 @@ class Proposal:
     dead: tuple[int, ...]
     policy: str
     dim: str
+    families: str = ""  # what the survivors will re-create (a digest): different lists are a desync
 
     @property
     def encoded(self) -> str:
-        return json.dumps([list(self.dead), self.policy, self.dim])
+        return json.dumps([list(self.dead), self.policy, self.dim, self.families])
 
     @property
     def digest(self) -> str:
@@ -97,8 +119,8 @@ class Proposal:
 
     @classmethod
     def decode(cls, text: str) -> Proposal:
-        dead, policy, dim = json.loads(text)
-        return cls(tuple(dead), policy, dim)
+        dead, policy, dim, families = json.loads(text)
+        return cls(tuple(dead), policy, dim, families)
 
 
 def wait_for_call(store: Any, epoch: int, slice_s: float = 60.0) -> str:
@@ -130,11 +152,21 @@ class MembershipRound:
         rank: this survivor's rank in the old world.
         expected: every rank that should take part unless dead (sorted).
         proposal: this survivor's `Proposal`.
-        timeout_s: how long to wait for a rank nobody named before declaring it dead.
+        timeout_s: how long to wait for a rank nobody named (and no roll call found dead) before declaring it dead.
+        probe: the world's liveness probe: runs a roll call, returns every rank found dead so far.
+        side: a store connection the probing thread may use while this rank's is blocked (needed with ``probe``).
     """
 
     def __init__(
-        self, store: Any, prefix: str, rank: int, expected: Sequence[int], proposal: Proposal, timeout_s: float
+        self,
+        store: Any,
+        prefix: str,
+        rank: int,
+        expected: Sequence[int],
+        proposal: Proposal,
+        timeout_s: float,
+        probe: Callable[[], Sequence[int]] | None = None,
+        side: Any = None,
     ) -> None:
         self.store = store
         self.prefix = prefix
@@ -142,6 +174,8 @@ class MembershipRound:
         self.expected = expected
         self.proposal = proposal
         self.timeout_s = timeout_s
+        self.probe = probe
+        self.side = side
         self.target = len(expected) - len(proposal.dead)
         self._count = f"{prefix}/count/{proposal.digest}"
         self._roster = f"{prefix}/roster"
@@ -149,6 +183,7 @@ class MembershipRound:
         self._readers = f"{prefix}/readers"
         self._done = f"{prefix}/done"
         self._started = 0.0
+        self._counted = 0
 
     def run(self) -> tuple[int, ...]:
         """The dead ranks all survivors agreed on (sorted).
@@ -162,7 +197,7 @@ class MembershipRound:
     def arrive(self) -> bool:
         """Count this proposal and arrival; True on the survivor whose count completes its proposal."""
         self._started = time.monotonic()
-        counted = self.store.add(self._count, 1)
+        counted = self._counted = self.store.add(self._count, 1)
         line = f"{self.rank} {self.proposal.digest}"
         if counted == 1:
             line += f" {self.proposal.encoded}"
@@ -177,50 +212,57 @@ class MembershipRound:
         ok = f"ok {self.proposal.digest}"
         if self.store.compare_set(self._verdict, "", ok) != ok.encode():  # a timeout verdict was first
             return self._conclude()
-        done = (self._count, self._roster, call_key_of(self.prefix))  # every spare has read the call
-        alone = (self._verdict,) if self.target == 1 else ()  # no other survivor will conclude
-        for key in done + alone:
-            self.store.delete_key(key)
+        if self.target == 1:  # no other survivor will conclude: the round's keys are this one's to delete
+            for key in (self._count, self._roster, call_key_of(self.prefix), self._verdict):
+                self.store.delete_key(key)
         return self.proposal.dead
 
     def await_verdict(self) -> tuple[int, ...]:
-        """On the others: wait for the verdict (or give up after the timeout and judge from the roster)."""
-        if not self._wait(self._started + self.timeout_s):
-            self._give_up()
-        return self._conclude()
+        """On the others: wait for the verdict (the first two probe liveness meanwhile), else judge from the roster."""
+        prober = None
+        if self._counted <= 2 and self.probe is not None and self.side is not None:
+            prober = Prober(probe_period_s(len(self.expected)), self.probe, self._dead_found).start()
+        try:
+            data = diagnosis.await_value(self.store, self._verdict, self._started + self.timeout_s)
+        finally:
+            if prober is not None:
+                prober.stop()
+        if data is None:
+            self._give_up(set(self.probe() if self.probe is not None else ()), timed_out=True)
+        return self._conclude(data)
 
-    # -- the rest -------------------------------------------------------------
+    def _dead_found(self, found: set[int]) -> bool:
+        """The prober found ``found`` dead: give up now if the proposals did not name all of them."""
+        if not found - set(self.proposal.dead):
+            return False
+        self._give_up(found, timed_out=False, store=self.side)
+        return True
 
-    def _wait(self, deadline: float) -> bool:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            try:
-                self.store.wait([self._verdict], datetime.timedelta(seconds=max(left, 0.001)))
-                return True
-            except RuntimeError:
-                continue
+    def _give_up(self, found: set[int], timed_out: bool, store: Any = None) -> None:
+        """Judge from the roster (unless a verdict is there first) and publish the dead set.
 
-    def _give_up(self) -> None:
-        """Judge from the roster (unless a verdict is there first) and publish the dead set."""
-        entries, proposals = self._read_roster()
+        ``found``: ranks the roll calls found dead. ``timed_out``: every expected rank that has not
+        arrived is dead too (else ranks still on their way, alive, read the verdict when they come).
+        ``store``: the connection to use (the prober's, while this rank's waits); default this rank's.
+        """
+        store = self.store if store is None else store
+        entries, proposals = self._read_roster(store)
         named = {rank for proposal in proposals.values() for rank in proposal.dead}
-        terms = {(proposal.policy, proposal.dim) for proposal in proposals.values()}
-        alive = sorted(rank for rank in entries if rank not in named)
-        verdict: dict[str, Any] = {
-            "dead": sorted(set(self.expected) - set(alive)),
-            "readers": len(entries),
-            "digests": sorted(proposals),
-        }
+        terms = {(proposal.policy, proposal.dim, proposal.families) for proposal in proposals.values()}
+        missing = {rank for rank in self.expected if rank not in entries} if timed_out else set()
+        dead = sorted((named | found | missing) & set(self.expected))
+        alive = [rank for rank in self.expected if rank not in set(dead)]
+        verdict: dict[str, Any] = {"dead": dead, "readers": len(alive), "digests": sorted(proposals)}
+        if not majority(alive, self.expected):  # the ranks here are the cut-off side: they never go on alone
+            verdict.update(dead=sorted(self.expected), readers=len(entries), cut_off=sorted(entries))
         if len(terms) > 1:
             verdict["error"] = "survivors asked for different shrinks: " + "; ".join(
-                f"policy={policy!r} dim={dim!r}" for policy, dim in sorted(terms)
+                f"policy={policy!r} dim={dim!r} families {families or '-'}" for policy, dim, families in sorted(terms)
             )
-        self.store.compare_set(self._verdict, "", json.dumps(verdict))
+        store.compare_set(self._verdict, "", json.dumps(verdict))
 
-    def _read_roster(self) -> tuple[dict[int, str], dict[str, Proposal]]:
-        data = diagnosis.read(self.store, self._roster)
+    def _read_roster(self, store: Any) -> tuple[dict[int, str], dict[str, Proposal]]:
+        data = diagnosis.read(store, self._roster)
         entries: dict[int, str] = {}
         proposals: dict[str, Proposal] = {}
         if data is None:
@@ -232,26 +274,40 @@ class MembershipRound:
                 proposals[digest] = Proposal.decode(encoded[0])
         return entries, proposals
 
-    def _conclude(self) -> tuple[int, ...]:
-        """The verdict exists: read it, count this survivor done; the last one deletes the round's keys."""
-        data = diagnosis.read(self.store, self._verdict)
+    def _conclude(self, data: bytes | None = None) -> tuple[int, ...]:
+        """The verdict exists: read it (unless given), count this survivor done; the last one deletes the round."""
+        if data is None:
+            data = diagnosis.read(self.store, self._verdict)
         if data is None:
             raise self._declared_dead([self.rank])
         if data.startswith(b"ok "):
             if data.decode()[3:] != self.proposal.digest:  # the others agreed on a proposal that names this rank
                 raise self._declared_dead([self.rank])
             if self.store.add(self._done, 1) == self.target - 1:  # the decider counts no completion
-                for key in (self._verdict, self._done):
+                # The last reader, not the decider, deletes the round: a decider that dies after its verdict
+                # leaves nothing behind (every spare has read the call by now).
+                for key in (self._verdict, self._done, self._count, self._roster, call_key_of(self.prefix)):
                     self.store.delete_key(key)
             return self.proposal.dead
         verdict = json.loads(data)
-        if self.store.add(self._readers, 1) == verdict["readers"]:
+        dead: list[int] = verdict["dead"]
+        if self.proposal.digest not in verdict["digests"]:  # arrived after the verdict with a proposal of its own
+            self.store.delete_key(self._count)
+        # The ranks the verdict leaves alive read it (those on their way too); the last deletes the round.
+        reads = self.rank not in dead or self.rank in verdict.get("cut_off", ())
+        if reads and self.store.add(self._readers, 1) == verdict["readers"]:
             keys = [self._verdict, self._readers, self._roster, call_key_of(self.prefix)]
             for key in keys + [f"{self.prefix}/count/{digest}" for digest in verdict["digests"]]:
                 self.store.delete_key(key)
         if "error" in verdict:
             raise DesyncError(f"grid.shrink: {verdict['error']}")
-        dead: list[int] = verdict["dead"]
+        if "cut_off" in verdict:
+            raise RankFailure(
+                f"grid.shrink: rank {self.rank} is on the minority side: only {format_ranks(verdict['cut_off'])} of "
+                f"{len(self.expected)} ranks came to this round, so they may not declare the others dead (the "
+                "others went on without them, or most of the world is gone: restart from a checkpoint)",
+                list(verdict["cut_off"]),
+            )
         if self.rank in dead:
             raise self._declared_dead(dead)
         return tuple(dead)

@@ -97,7 +97,7 @@ def probe_s(participants: int, timeout_s: float) -> float:
 
 def round_keys(prefix: str) -> list[str]:
     """The keys a round under ``prefix`` may leave when it fails (each participant deletes its count)."""
-    names = ("arrived", "roster", "verdict", "alive", "alive-count", "alive-done", "released", "created", "created-all")
+    names = ("arrived", "roster", "verdict", "alive", "alive-count", "alive-done", "released", "count", "read")
     return [f"{prefix}/{name}" for name in names]
 
 

@@ -2,7 +2,9 @@
 
 The grid's communication calls wait here (`wait`): until the torch work
 completes, or until this rank learns that its world failed, whichever comes
-first. The news comes from this rank's watcher
+first. A wait that lasts `PROBE_S` (then twice as long, and so on) asks for
+a roll call: a peer that is stopped or cut off, which no connection error
+reveals, is found then rather than at the group's timeout. The news comes from this rank's watcher
 (`hypergrid.agreement.watcher`): one thread per rank, blocked on one store key,
 which runs the roll call when another rank reports a failure and then calls
 `sound` with the ranks that did not answer. Every wait of the grid then ends
@@ -21,6 +23,7 @@ watcher installs itself here (`install`), so nothing imports upward.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,11 +33,28 @@ from hypergrid.binding.worldstate import PerWorld
 from hypergrid.errors import FencedError, HyperGridError, RankFailure
 from hypergrid.values import format_ranks
 
-__all__ = ["News", "check", "failure", "fence", "fenced", "install", "news", "sound", "wait"]
+__all__ = [
+    "News",
+    "abandoned",
+    "check",
+    "check_fence",
+    "failure",
+    "fence",
+    "fenced",
+    "install",
+    "news",
+    "sound",
+    "wait",
+]
 
-#: Reports a failure this rank saw to the whole world and returns the dead ranks the roll call found
-#: (or None when no verdict came in time). Installed by the watcher of the current world.
-Reporter = Callable[[str], "Sequence[int] | None"]
+#: ``report(kind, text)``: call a roll call of the whole world, ``"failure"`` (this rank saw one) or
+#: ``"probe"`` (a wait lasts long), and return the dead ranks it found (None when no verdict came in
+#: time). Installed by the watcher of the current world.
+Reporter = Callable[[str, str], "Sequence[int] | None"]
+
+#: How long a grid wait lasts before this rank asks for a roll call (``HYPERGRID_PROBE_S``, default 30 s);
+#: the next after twice as long, and so on. A stopped or cut-off peer is found then, not at the group timeout.
+PROBE_S = float(os.environ.get("HYPERGRID_PROBE_S", "30"))
 
 
 @dataclass(frozen=True)
@@ -106,6 +126,12 @@ def _fenced_error(what: str) -> FencedError:
     )
 
 
+def check_fence(what: str) -> None:
+    """Raise ``FencedError`` on a fenced rank; else nothing (failure news does not count here)."""
+    if _alarm.fence is not None:
+        raise _fenced_error(what)
+
+
 def check(what: str) -> None:
     """Raise ``FencedError`` on a fenced rank, ``RankFailure`` once the current world failed; else nothing."""
     if _alarm.fence is not None:
@@ -133,7 +159,7 @@ def failure(what: str, said: str, dead: Sequence[int] = ()) -> HyperGridError:
     data = _alarm.state()
     reporter: Reporter | None = data["reporter"]
     if _alarm.fence is None and data["news"] is None and reporter is not None:
-        found = reporter(f"{what}: {said}")
+        found = reporter("failure", f"{what}: {said}")
         if found is not None:
             sound(found, f"{what}: {said}")
     if _alarm.fence is not None:
@@ -169,11 +195,27 @@ def wait(work: Any, what: str) -> None:
         data["waiters"].add(event)
     try:
         future.add_done_callback(lambda _: event.set())
-        if data["news"] is None and _alarm.fence is None:
-            event.wait()
+        waited, probe_after = 0.0, PROBE_S
+        while data["news"] is None and _alarm.fence is None and not event.wait(probe_after):
+            waited += probe_after
+            reporter = data["reporter"]
+            if reporter is not None:  # this wait lasts: is a peer gone (stopped, cut off)? The answer ends it if so
+                reporter("probe", f"{what} waited {waited:g} s")
+            probe_after *= 2
     finally:
         with _alarm.lock:
             data["waiters"].discard(event)
     if not future.done():
+        _abandoned.append(work)  # torch still runs it: its group must outlive it (binding.failures.abort_groups)
         check(what)
     work.wait()
+
+
+#: Works a wait gave up on (the world failed first): torch's threads still run them.
+_abandoned: list[Any] = []
+
+
+def abandoned() -> list[Any]:
+    """The works still running that a grid wait gave up on (completed ones are dropped here)."""
+    _abandoned[:] = [work for work in _abandoned if not work.is_completed()]
+    return list(_abandoned)

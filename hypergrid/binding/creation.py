@@ -26,6 +26,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.binding.worldstate import PerWorld, held_group_count
 from hypergrid.errors import BackendError, CreationRefusedError, InvalidArgumentError
+from hypergrid.launch import sockets
 
 __all__ = ["STRATEGIES", "check_strategy", "check_can_split", "create_family"]
 
@@ -87,16 +88,20 @@ def create_family(
     then gets its own timeout (``options["timeout"]``, else torch's default) for
     its collectives.
     """
+    before = sockets.snapshot()  # the connections this creation opens are the group's (severed if it aborts)
     if bound_s is None or dist.get_backend() == "fake":
-        return _create(strategy, rank_enum, my_ranks, options)
-    backend = options.get("backend") or dist.get_backend()
-    operational = options.get("timeout") or c10d._get_default_timeout(backend)
-    bounded = min(operational, datetime.timedelta(seconds=bound_s))
-    group = _create(strategy, rank_enum, my_ranks, {**options, "timeout": bounded})
-    if (
-        bounded != operational and isinstance(group, dist.ProcessGroup)  # NON_GROUP_MEMBER is no ProcessGroup
-    ):
-        c10d._set_pg_timeout(operational, group)
+        group = _create(strategy, rank_enum, my_ranks, options)
+    else:
+        backend = options.get("backend") or dist.get_backend()
+        operational = options.get("timeout") or c10d._get_default_timeout(backend)
+        bounded = min(operational, datetime.timedelta(seconds=bound_s))
+        group = _create(strategy, rank_enum, my_ranks, {**options, "timeout": bounded})
+        if (
+            bounded != operational and isinstance(group, dist.ProcessGroup)  # NON_GROUP_MEMBER is no ProcessGroup
+        ):
+            c10d._set_pg_timeout(operational, group)
+    if isinstance(group, dist.ProcessGroup):
+        sockets.track(group, sockets.opened(before))
     return group
 
 

@@ -27,13 +27,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.binding import alarm
 from hypergrid.errors import HyperGridError
+from hypergrid.launch import sockets
 
 __all__ = [
     "Watched",
     "abort_groups",
+    "abort_world_groups",
     "check_live",
     "communicate",
     "is_peer_failure",
@@ -180,16 +183,47 @@ def communicate(what: str, call: Callable[..., Any], *args: Any, async_op: bool 
     return None
 
 
+#: Aborted groups kept alive while a work a grid wait gave up on still runs (see `abort_groups`).
+_graveyard: list[Any] = []
+
+
 def abort_groups(groups: Iterable[Any]) -> None:
     """Abort each group (never waiting on a peer), then drop it from torch's registry.
 
     Groups that torch no longer knows, or that have no ``abort``, are skipped
-    quietly: the point is to return, whatever state they are in.
+    quietly: the point is to return, whatever state they are in. While a work
+    that a grid wait gave up on still runs (its peer stopped, not dead: gloo
+    cannot cancel it), the aborted groups are kept alive here, because
+    destroying a gloo group joins the threads that run its works; they go once
+    every such work has ended (a later call looks again).
     """
     for group in groups:
+        severed = sockets.sever(group)  # gloo: every operation pending on the group fails now, here and at the peers
         abort = getattr(group, "abort", None)
         if abort is not None:
             with contextlib.suppress(RuntimeError):
                 abort()
         with contextlib.suppress(ValueError, RuntimeError):
             dist.destroy_process_group(group)
+        if not severed:
+            _graveyard.append(group)
+    if not alarm.abandoned():
+        _graveyard.clear()
+
+
+def abort_world_groups() -> None:
+    """The world failed: end every operation pending on this rank's groups at once (its watcher calls this).
+
+    gloo groups whose connections are known (`hypergrid.launch.sockets`) have
+    them severed; NCCL communicators are aborted (``ncclCommAbort``). The
+    groups stay registered: ``shrink`` tears them down. Torch calls made
+    outside the grid on these groups then fail at once too, instead of waiting
+    for the group's timeout.
+    """
+    for group in list(c10d._world.pg_map):
+        if sockets.severable(group):
+            sockets.sever(group)
+            continue
+        with contextlib.suppress(RuntimeError, ValueError, AttributeError):
+            if dist.get_backend(group) == "nccl":
+                group.abort()

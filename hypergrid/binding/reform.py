@@ -28,8 +28,9 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.binding.failures import abort_groups
+from hypergrid.launch import sockets
 
-__all__ = ["Epoch", "can_shrink", "current_epoch", "reform_world", "retire"]
+__all__ = ["Epoch", "can_shrink", "current_epoch", "reform_world", "retire", "tear_down"]
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Epoch:
     base_store: Any
 
 
-_ours: dict[str, Any] = {"world": None, "epoch": None}
+_ours: dict[str, Any] = {"world": None, "epoch": None, "backend": "gloo", "timeout": datetime.timedelta(minutes=30)}
 
 
 def current_epoch() -> Epoch:
@@ -63,10 +64,17 @@ def _default_timeout() -> datetime.timedelta:
     return timeout if isinstance(timeout, datetime.timedelta) else datetime.timedelta(minutes=30)
 
 
-def _tear_down() -> None:
-    """Abort the default group (never waiting on a dead peer); torch forgets it and every other group."""
+def tear_down() -> None:
+    """Abort the default group (never waiting on a dead peer); torch forgets it and every other group.
+
+    The backend and timeout are remembered, for a world formed after it (`reform_world`). Nothing to
+    do where no world is initialized.
+    """
+    if not dist.is_initialized():
+        return
+    _ours["backend"], _ours["timeout"] = dist.get_backend(), _default_timeout()
     abort_groups([dist.group.WORLD])
-    if dist.is_initialized():
+    if dist.is_initialized():  # abort_groups destroys the world where torch lets it
         dist.destroy_process_group()
 
 
@@ -83,7 +91,13 @@ def can_shrink() -> bool:
 
 
 def reform_world(
-    epoch: Epoch, rank: int, size: int, timeout: datetime.timedelta | None, excluded: list[int] | None = None
+    epoch: Epoch,
+    rank: int,
+    size: int,
+    timeout: datetime.timedelta | None,
+    excluded: list[int] | None = None,
+    number: int | None = None,
+    bound_s: float | None = None,
 ) -> Epoch:
     """Tear down the old world and join the new one of ``size`` ranks as ``rank``; return its epoch.
 
@@ -91,17 +105,25 @@ def reform_world(
     ``RANK`` and ``WORLD_SIZE`` in the environment follow the new world where set.
     ``excluded``: the old ranks left out, when the others keep their order;
     then a backend that can shrink (`can_shrink`) shrinks the default group in
-    place instead of re-forming it.
+    place instead of re-forming it. ``number``: the new world's epoch (default:
+    the next one). ``bound_s``: torch waits at most this long for the other
+    ranks while it forms the world (a death there fails it instead of hanging
+    it); the world then gets ``timeout`` (else the old world's) for its collectives.
     """
-    backend = dist.get_backend()
-    timeout = timeout or _default_timeout()
-    number = epoch.number + 1
-    if excluded and can_shrink():
+    backend = dist.get_backend() if dist.is_initialized() else _ours["backend"]
+    timeout = timeout or (_default_timeout() if dist.is_initialized() else _ours["timeout"])
+    number = epoch.number + 1 if number is None else number
+    if excluded and dist.is_initialized() and can_shrink():
         dist.shrink_group(sorted(excluded), shrink_flags=c10d.SHRINK_ABORT)
     else:
-        _tear_down()
+        tear_down()
+        bounded = timeout if bound_s is None else min(timeout, datetime.timedelta(seconds=bound_s))
         store = dist.PrefixStore(f"hypergrid/elastic/{number}/world", epoch.base_store)  # type: ignore[attr-defined]
-        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+        before = sockets.snapshot()
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=bounded)
+        sockets.track(dist.group.WORLD, sockets.opened(before))
+        if bounded != timeout:
+            c10d._set_pg_timeout(timeout, dist.group.WORLD)
     for name, value in (("RANK", rank), ("WORLD_SIZE", size)):
         if name in os.environ:
             os.environ[name] = str(value)
@@ -112,5 +134,5 @@ def reform_world(
 
 def retire() -> None:
     """Leave the world for good (a retired survivor): abort and destroy the default group."""
-    _tear_down()
+    tear_down()
     _ours["world"], _ours["epoch"] = None, None

@@ -25,13 +25,17 @@ class PerWorld:
     """
 
     def __init__(self) -> None:
-        self._world: weakref.ref[Any] | None = None
+        self._world: weakref.ref[Any] | None = None  # None: the data belongs to "no world"
         self._data: dict[Any, Any] = {}
 
     def get(self) -> dict[Any, Any]:
         world = dist.group.WORLD if dist.is_initialized() else None
-        current = None if self._world is None else self._world()
-        if current is not world:
+        if self._world is None:
+            same = world is None
+        else:
+            held = self._world()
+            same = held is not None and held is world  # a world torch dropped is never the current one
+        if not same:
             self._world = None if world is None else weakref.ref(world)
             self._data = {}
         return self._data

@@ -16,8 +16,11 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from hypergrid.agreement.guard import CreationRequest, GuardLedger, agree, creation_failed, grid_scope, settle
+from hypergrid.agreement.watcher import ensure_watching
+from hypergrid.binding import alarm
 from hypergrid.binding.creation import check_can_split, check_strategy, create_family
 from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.failures import check_live
 from hypergrid.binding.options import check_tag, describe_options, family_options
 from hypergrid.binding.registry import PgKey, create_uninitialized, for_view, guard_key, member_or_none, scoped, tagged
 from hypergrid.binding.worldstate import held_group_count
@@ -93,7 +96,8 @@ class GuardedCreation(GridFacet):
         def _keep(self, *args: Any) -> Any: ...
 
     def _key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> PgKey:
-        """The registry key of a family (or of one half of its hierarchy), with ``tag``."""
+        """The registry key of a family (or of one half of its hierarchy), with ``tag``; never on a fenced rank."""
+        alarm.check_fence("pg" if tag is None else f"pg(tag={tag!r})")
         family = self._family(dims, view)[0]
         return tagged(scoped(family, resolve_scope(within, across)), check_tag(tag))
 
@@ -289,16 +293,19 @@ class GuardedCreation(GridFacet):
         tag: str | None,
         kwargs: dict[str, Any],
         call: str,
+        bound_s: float | None = None,
     ) -> dict[PgKey, dist.ProcessGroup | None]:
         """The steps of create_pg and create_pgs: check everything, one guard round, create in order.
 
         ``kwargs`` may hold ``within``/``across`` and ``ranks_per_node`` (a
         hierarchy's half, see ``hypergrid.layout.hierarchy``), then the group options.
+        ``bound_s``: with no guard round, how long torch may wait for a group's other members
+        (``shrink`` re-creating families); with one, the guard's timeout bounds it.
         Returns registry key -> the caller's group, in creation order.
         """
         root: GuardedCreation = self._root
         if root is not self:  # a grid from view(): the root creates (one owner, one guard sequence)
-            return root._create_families(dims_list, view or self._view_name, strategy, tag, kwargs, call)
+            return root._create_families(dims_list, view or self._view_name, strategy, tag, kwargs, call, bound_s)
         tag = check_tag(tag)
         kwargs = dict(kwargs)
         scope = resolve_scope(kwargs.pop("within", None), kwargs.pop("across", None))
@@ -335,8 +342,10 @@ class GuardedCreation(GridFacet):
                     chosen, layout.rank_enum(ordered), {**options, "backend": backend}
                 )
             return self._created(plans, per_node)
+        check_live(call)  # a fenced rank, or a world that failed, creates nothing
         world = dist.get_world_size()
         self._check_fits(world)
+        ensure_watching()  # this rank answers the world's roll calls from now on (hypergrid.agreement.watcher)
         if chosen == "split":
             check_can_split(backend)
         # Only members-only creation needs the caller's own group: skip that O(group) work otherwise.
@@ -360,7 +369,7 @@ class GuardedCreation(GridFacet):
             tuple(views[name] for name in sorted(views)),
             reuses,
         )
-        bound = self.guard_timeout_s if any(rounds) else None
+        bound = self.guard_timeout_s if any(rounds) else bound_s
         started = time.monotonic()
         for index, (key, layout, ordered) in enumerate(plans):
             my_ranks = layout.group_ranks(ordered, rank) if local else None

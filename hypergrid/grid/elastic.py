@@ -1,12 +1,12 @@
 """The elastic grid: when ranks die, the survivors agree, shrink or fill from spares, and carry on.
 
 ``grid.shrink`` is collective over the survivors of the old world (spares in
-``standby`` join by themselves): they agree on the dead ranks through the
-store (`hypergrid.agreement.membership`), work out the new world and grid
-(`hypergrid.layout.shrink`), tear the old groups down without waiting on the
-dead (`hypergrid.binding.failures`), re-form the default group under a new
-epoch's store prefix (`hypergrid.binding.reform`) and re-create every family
-the old grid had, behind one guard round. See docs/elastic.md.
+``standby`` join by themselves). This facet checks the call and hands over to
+`hypergrid.grid.recovery.Recovery`, which agrees on the dead (the world's
+roll calls, `hypergrid.agreement.watcher`, and the membership round), checks
+the whole plan (`hypergrid.layout.shrink`), tears the old groups down without
+waiting on the dead (`hypergrid.binding.failures`) and forms the new world
+(`hypergrid.binding.reform`), absorbing deaths on the way. See docs/elastic.md.
 """
 
 from __future__ import annotations
@@ -16,20 +16,26 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from hypergrid.agreement.membership import MembershipRound, Proposal, call_key, release_key, round_prefix, wait_for_call
+from hypergrid.agreement.guard import grid_ordinal
+from hypergrid.agreement.membership import Proposal, call_key, release_key, wait_for_call
+from hypergrid.agreement.watcher import ensure_watching
+from hypergrid.binding import alarm
 from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import abort_groups
-from hypergrid.binding.reform import current_epoch, reform_world, retire
+from hypergrid.binding.reform import current_epoch
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, untagged
 from hypergrid.errors import DimsError, GridSpecError, GridTooLargeError, InvalidArgumentError, RankError
-from hypergrid.grid.regrid import Phases, Regrid
+from hypergrid.grid.recovery import Family, Recovery, families_digest
+from hypergrid.grid.regrid import Regrid
 from hypergrid.layout import KEY_SEPARATOR
-from hypergrid.layout.shrink import ShrinkPlan, check_policy, plan_shrink
+from hypergrid.layout.shrink import ShrinkPlan, check_policy
 from hypergrid.values import check_timeout, is_int
 
 __all__ = ["Elastic", "Regrid", "check_spares"]
 
 _SHRINK = "shrink "
+#: ``shrink``'s default ``timeout_s`` (at most the grid's ``guard_timeout_s``).
+SHRINK_TIMEOUT_S = 30.0
 
 
 def check_spares(spares: object, world: int | None, end: int) -> int:
@@ -77,6 +83,7 @@ class Elastic(GridFacet):
         @property
         def created_keys(self) -> list[PgKey]: ...
         def destroy(self) -> None: ...
+        def _describe(self) -> str: ...
 
     # -- abort ----------------------------------------------------------------
 
@@ -134,15 +141,23 @@ class Elastic(GridFacet):
         """Carry on without the dead: agree on them, re-form the world, re-create every family on a new grid.
 
         Collective over every surviving process of the old world (spares in
-        ``standby`` join by themselves). The survivors agree through the store
-        on the dead: the ranks named in ``dead``, and any rank that does not
-        arrive within ``timeout_s`` (with ``dead`` complete and equal on every
-        survivor, nobody waits). Then the old groups are aborted, the default
-        group is re-formed over the survivors (contiguous new ranks, in the old
-        order, under a new epoch's store prefix) and a new grid with the same
-        dims, backend, strategy, options, guard settings and views re-creates,
-        behind one guard round, every family, tag and node half the old grid
-        had (``created_keys`` equal).
+        ``standby`` join by themselves). The dead are the ranks named in
+        ``dead`` and every rank the world's roll calls found dead (each rank's
+        watcher answers for it, even while its main thread is blocked, so a slow
+        rank is never declared dead and every survivor reads the same verdict);
+        when no failure was seen yet, the call runs a roll call itself, which
+        also ends every other rank's grid waits with ``RankFailure`` so that
+        they come too. The survivors agree on the dead, ``policy``, ``dim`` and
+        the families to re-create; the whole plan (the new layout, views, every
+        family, tag and ``within``/``across`` half) is checked before anything is
+        torn down. Then the old groups are aborted, the default group is
+        re-formed over the survivors (contiguous new ranks, in the old order,
+        under a new epoch's store prefix) and a new grid with the same dims,
+        backend, strategy, options, guard settings and views re-creates every
+        family the old grid had (``created_keys`` equal), ending with a commit
+        every survivor passes together. A rank that dies meanwhile, at any point,
+        is folded in: the new world's roll call names it and the next world is
+        formed without it (``Regrid.attempts``).
 
         Policies along ``dim`` (the replica dim): ``"drop"`` removes each slice
         of ``dim`` holding a dead rank (``dim`` shrinks; the other survivors of
@@ -156,7 +171,9 @@ class Elastic(GridFacet):
             dead: old ranks known to be gone (e.g. ``RankFailure.dead``); ``None``: none known.
             dim: the replica dim.
             policy: ``"drop"``, ``"spares"`` or ``"spares_then_drop"``.
-            timeout_s: how long to wait for a rank nobody named (default: ``guard_timeout_s``).
+            timeout_s: how long to wait for a survivor that is alive but does not come (then it is
+                declared dead), and the bound of torch's waits while the new world forms (a death
+                there costs at most this); default ``min(guard_timeout_s, 30)``.
 
         Returns:
             The `Regrid`: the new grid (``None`` when retired), this rank's new rank, the epoch and the moves.
@@ -166,45 +183,34 @@ class Elastic(GridFacet):
             DimsError: ``dim`` is not a dim of the grid.
             InvalidArgumentError: an unknown ``policy`` or a bad ``timeout_s``.
             RankError: ``dead`` names a rank outside the world, or the caller.
-            RankFailure: every slice of ``dim`` died, spares are too few, or this
-                rank was declared dead by the others (it arrived too late).
-            DesyncError: survivors asked for different ``policy`` or ``dim``.
+            RankFailure: every slice of ``dim`` died, spares are too few, this rank was declared dead
+                by the others (it arrived too late), or the new world could not form although no
+                further rank died; the same error on every survivor.
+            FencedError: this rank was excluded by the others (it answered no roll call in time).
+            DesyncError: survivors asked for different ``policy``, ``dim`` or families.
             GridSpecError: a registered view no longer divides the new grid.
+            InvalidArgumentError: a ``within``/``across`` half no longer fits the new grid's nodes.
         """
         if self._root is not self:  # a grid from view(): the root shrinks (it holds every family)
             shrunk: Regrid = self._root.shrink(dead, dim=dim, policy=policy, timeout_s=timeout_s)
             return shrunk
-        timeout = self.guard_timeout_s if timeout_s is None else check_timeout(timeout_s, "timeout_s")
+        alarm.check_fence("grid.shrink")
+        default = min(self.guard_timeout_s, SHRINK_TIMEOUT_S)
+        timeout = default if timeout_s is None else check_timeout(timeout_s, "timeout_s")
         world, named = self._check_shrink(dead, dim, policy)
-        epoch = current_epoch()
-        proposal = Proposal(tuple(named), policy, dim)
-        regrid: Regrid = self._shrink(epoch, world, proposal, timeout)
+        recovery = Recovery(self, current_epoch(), world, timeout)
+        families = self._family_list()
+        known = recovery.known_dead(named)
+        proposal = Proposal(tuple(known), policy, dim, families_digest(families, self._describe()))
+        regrid: Regrid = self._recover(recovery, proposal, families)
         return regrid
 
-    def _shrink(self, epoch: Any, world: int, proposal: Proposal, timeout: float) -> Regrid:
-        rank, clock = dist.get_rank(), Phases()
-        store, prefix = epoch.base_store, round_prefix(epoch.number)
-        dead = MembershipRound(store, prefix, rank, range(world), proposal, timeout).run()
-        plan = plan_shrink(self.layout, world, self.spares, dead, proposal.dim, proposal.policy)
-        new_grid = self._successor(plan)  # views checked here, before anything is torn down
-        families = self._family_list()
-        clock.lap("agreement")
-        moves = {"dead": plan.dead, "old_to_new": plan.old_to_new, "source": plan.source}
-        common = {"policy": plan.policy, "dim": proposal.dim, "seconds": clock.seconds, **moves}
-        self.abort()
-        clock.lap("abort")
-        if rank not in plan.old_to_new:
-            retire()
-            return Regrid(None, None, epoch.number + 1, retired=True, **common)  # type: ignore[arg-type]
-        new_rank = plan.old_to_new[rank]
-        # Survivors in their old order (no spare moved in): a backend that can shrink does it in place.
-        kept = list(plan.order) == sorted(plan.order)
-        excluded = [old for old in range(world) if old not in plan.old_to_new] if kept else None
-        reform_world(epoch, new_rank, len(plan.order), self.group_options.get("timeout"), excluded)
-        clock.lap("world")
-        new_grid._recreate(families, epoch.number + 1)
-        clock.lap("families")
-        return Regrid(new_grid, new_rank, epoch.number + 1, retired=False, **common)  # type: ignore[arg-type]
+    def _recover(self, recovery: Recovery, proposal: Proposal, families: list[Family]) -> Regrid:
+        """Agree, plan and carry on (see `hypergrid.grid.recovery`)."""
+        dead = recovery.agree(proposal)
+        plan, successor = recovery.plan(dead, proposal.policy, proposal.dim, families)
+        regrid: Regrid = recovery.carry_on(plan, successor, families, proposal.policy, proposal.dim)
+        return regrid
 
     def _successor(self, plan: ShrinkPlan) -> Any:
         """The new grid (no group yet) with the old one's settings and views, for ``plan``."""
@@ -212,13 +218,17 @@ class Elastic(GridFacet):
         new = type(root)(
             list(plan.shape), root.dim_names, plan.rank_offset, **{**root._init_kwargs(), "spares": plan.spares}
         )
-        for name, view in root._views.items():
-            if name == "base":
-                continue
-            shape = list(view.shape)
-            if tuple(plan.shape) != tuple(root.shape):
-                shape = self._shrunk_view_shape(name, view, plan)
-            new.register_view(name, shape, view.dim_names, view.shared_dims)
+        try:
+            for name, view in root._views.items():
+                if name == "base":
+                    continue
+                shape = list(view.shape)
+                if tuple(plan.shape) != tuple(root.shape):
+                    shape = self._shrunk_view_shape(name, view, plan)
+                new.register_view(name, shape, view.dim_names, view.shared_dims)
+        except GridSpecError:
+            grid_ordinal(new._describe(), forget=new._ordinal)  # refused: as if this grid was never built
+            raise
         return new
 
     def _shrunk_view_shape(self, name: str, view: Any, plan: ShrinkPlan) -> list[int]:
@@ -234,7 +244,7 @@ class Elastic(GridFacet):
         shape[view.dim_names.index(dim)] = shape[view.dim_names.index(dim)] * new // old
         return shape
 
-    def _family_list(self) -> list[tuple[PgKey, dict[str, Any]]]:
+    def _family_list(self) -> list[Family]:
         """Every family the grid created, in order, with what ``_create_families`` needs to create it again."""
         root = self._root
         backend_of = {key: entry.backend for entry in root._pool.entries() for key in entry.holders}
@@ -249,23 +259,17 @@ class Elastic(GridFacet):
             families.append((key, spec))
         return families
 
-    def _recreate(self, families: Sequence[tuple[PgKey, dict[str, Any]]], epoch: int) -> None:
-        """Create ``families`` again, in their order, behind one guard round for all of them."""
-        if not families:
-            return
-        rank = dist.get_rank()
-        plans = []
-        for key, spec in families:
-            _, layout, view = self._family(spec["dims"], spec["view"])  # type: ignore[attr-defined]
-            plans.append((key, layout, view.layout.canonical_dims(spec["dims"])))
-        member = rank if self.strategy == "local" and self.layout.contains(rank) else None
-        options = (("shrink", f"epoch {epoch}"),)
-        self._guard_round(plans, self.strategy, options, None, member)  # type: ignore[attr-defined]
+    def _recreate(self, families: Sequence[Family], bound_s: float) -> None:
+        """Create ``families`` again, in their order (the shrink's agreement compared them: no guard round).
+
+        torch waits at most ``bound_s`` for the other members of each group (a
+        death there fails the creation instead of hanging it).
+        """
         guard, self.guard = self.guard, False
         try:
             for _, spec in families:
                 self._create_families(  # type: ignore[attr-defined]
-                    [spec["dims"]], spec["view"], None, spec["tag"], dict(spec["kwargs"]), "shrink"
+                    [spec["dims"]], spec["view"], None, spec["tag"], dict(spec["kwargs"]), "shrink", bound_s=bound_s
                 )
         finally:
             self.guard = guard
@@ -288,6 +292,7 @@ class Elastic(GridFacet):
             NotInitializedError: torch.distributed is not initialized.
         """
         self._require_initialized("standby")
+        ensure_watching()  # a spare answers the world's roll calls too
         grid: Elastic = self
         while True:
             world, rank = dist.get_world_size(), dist.get_rank()
@@ -304,8 +309,9 @@ class Elastic(GridFacet):
                     epoch.base_store.delete_key(call_key(epoch.number))
                 return None
             proposal = Proposal.decode(call[len(_SHRINK) :])
-            timeout = grid.guard_timeout_s if timeout_s is None else check_timeout(timeout_s, "timeout_s")
-            regrid = grid._shrink(epoch, world, proposal, timeout)
+            default = min(grid.guard_timeout_s, SHRINK_TIMEOUT_S)
+            timeout = default if timeout_s is None else check_timeout(timeout_s, "timeout_s")
+            regrid = grid._recover(Recovery(grid, epoch, world, timeout), proposal, grid._family_list())
             if regrid.rank is not None and regrid.grid.layout.contains(regrid.rank):
                 return regrid
             grid = regrid.grid

@@ -29,7 +29,10 @@ class Regrid:
         policy: what was applied: ``"drop"`` or ``"spares"``.
         dim: the replica dim of the shrink.
         seconds: how long this rank spent in each phase of the shrink: ``agreement``, ``abort``,
-            ``world`` (the default group re-formed) and ``families`` (re-created).
+            ``world`` (the default group re-formed), ``families`` (re-created) and ``commit`` (every
+            survivor has them), each of the last attempt; an attempt that failed (a death while the
+            new world formed) adds a line of its own.
+        attempts: how many worlds were formed until one held (1 unless a rank died during the shrink).
     """
 
     grid: Any
@@ -42,6 +45,7 @@ class Regrid:
     policy: str = "drop"
     dim: str = "dp"
     seconds: dict[str, float] = field(default_factory=dict, compare=False)
+    attempts: int = 1
 
     def broadcast_from_sources(self, tensors: Iterable[torch.Tensor]) -> None:
         """Copy ``tensors`` from each source to the spares that took over, over the grid's ``dim`` family.

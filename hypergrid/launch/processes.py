@@ -38,6 +38,7 @@ import torch.multiprocessing as mp
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 
 from hypergrid.errors import BackendError, InvalidArgumentError, WorkerError
+from hypergrid.launch import sockets
 from hypergrid.launch.stacks import enable_stack_dumps, request_stack_dumps
 from hypergrid.values import check_timeout, is_int
 
@@ -98,7 +99,9 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", init_method="env://", timeout=timeout, device_id=device)
         return device
+    before = sockets.snapshot()
     dist.init_process_group(chosen, init_method="env://", timeout=timeout)
+    sockets.track(dist.group.WORLD, sockets.opened(before))  # severed if the world fails (a gloo abort)
     return torch.device("cpu")
 
 
@@ -129,9 +132,11 @@ def _worker(
         if backend == "nccl":
             device_id = torch.device("cuda", rank % torch.cuda.device_count())
             torch.cuda.set_device(device_id)
+        before = sockets.snapshot()
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=nprocs, timeout=timeout, device_id=device_id
         )
+        sockets.track(dist.group.WORLD, sockets.opened(before))  # severed if the world fails (a gloo abort)
         value = fn(*args)
     except BaseException:
         results.put((rank, _FAILED, traceback.format_exc()))

@@ -94,6 +94,7 @@ def after_a_death() -> dict[str, dict[str, Any]]:
         except BaseException as error:  # the test checks exactly what came out
             cause = error.__cause__
             outcome = {"error": type(error).__name__, "cause": None if cause is None else type(cause).__name__}
+            outcome["dead"] = getattr(error, "dead", None)
             outcome["message"] = str(error).splitlines()[0] if str(error) else ""
         outcome["seconds"] = time.monotonic() - start
         seen[name] = outcome

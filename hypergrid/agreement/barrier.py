@@ -1,0 +1,192 @@
+"""A phase every rank of a set must reach, its outcome decided once: all passed, or it failed (and who is dead).
+
+`Barrier` is what closes a collective step that torch cannot make atomic:
+the commit after group creation (every participant has its groups before any
+goes on) and the phases of ``shrink`` (every survivor is ready before the new
+world forms; every survivor has its families before the new grid is handed
+out). The outcome is written once with ``compare_set``, so two ranks never see
+different outcomes: a rank that reaches the barrier after the others gave up
+(stopped by SIGSTOP, say, and resumed) gets the failure too, never success.
+
+Keys under the barrier's prefix ``P``: ``P/count`` (arrivals, then reads of
+``ok``), ``P/verdict`` (``ok``, or the failure as JSON) and, after a failure,
+``P/read`` (live members that read it). Per rank: one ``add``, one ``wait``
+and one read, one more ``add`` once read; the rank whose arrival completes
+the count writes ``ok`` instead of waiting; the last reader deletes the keys. (A member declared
+dead that comes back later, resumed after SIGSTOP, gets the failure; the one
+or two keys its late arrival writes are left behind.)
+
+While the others are awaited, the first two ranks to arrive ask a liveness
+probe (the world's watcher, `hypergrid.agreement.watcher`) every
+`probe_every_s` who is dead, on a thread of their own (`Prober`): a member
+found dead fails the barrier at once, through a second store connection, which
+wakes every waiting member. Without a probe, or when every missing member is
+alive, the barrier fails at its deadline. Waits do not time out on the success
+path (torch logs every store wait that does).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hypergrid.agreement import diagnosis
+
+__all__ = ["Barrier", "BarrierFailed", "Prober", "probe_every_s"]
+
+
+def probe_every_s(size: int) -> float:
+    """How often a waiting prober asks who is dead: ``max(0.5 s, 0.1 ms per member)``.
+
+    Examples:
+        >>> probe_every_s(8), probe_every_s(65536)
+        (0.5, 6.5536)
+    """
+    return max(0.5, size * 1e-4)
+
+
+class BarrierFailed(RuntimeError):
+    """The barrier failed: ``dead`` (members found dead, possibly none) and why (the message)."""
+
+    def __init__(self, message: str, dead: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.dead = sorted(dead)
+
+
+class Barrier:
+    """One member's side of a barrier of ``members`` under ``prefix`` (see the module's docstring).
+
+    Args:
+        store: any ``torch.distributed.Store`` (or an object with its methods).
+        prefix: the barrier's key prefix, equal on every member, new for each barrier.
+        rank: this member.
+        members: every member (sorted), the caller among them.
+        deadline: when to give up waiting (``time.monotonic()``).
+        what: the step, as failures should name it.
+        probe: runs a roll call and returns every rank found dead so far (None: none).
+        side: a store connection the probing thread may use while this rank's is blocked (needed with ``probe``).
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        prefix: str,
+        rank: int,
+        members: Sequence[int],
+        deadline: float,
+        what: str,
+        probe: Callable[[], Sequence[int]] | None = None,
+        side: Any = None,
+    ) -> None:
+        self.store = store
+        self.side = side
+        self.prefix = prefix
+        self.rank = rank
+        self.members = members
+        self.deadline = deadline
+        self.what = what
+        self.probe = probe
+        self._count = f"{prefix}/count"
+        self._verdict = f"{prefix}/verdict"
+        self._read = f"{prefix}/read"
+
+    def run(self) -> None:
+        """Reach the barrier; return once every member did, else raise `BarrierFailed` (the same on every member)."""
+        arrived = self.store.add(self._count, 1)
+        if arrived >= len(self.members):
+            self._conclude(self._publish("ok"))
+            return
+        prober = None
+        if arrived <= 2 and self.probe is not None and self.side is not None:
+            prober = Prober(probe_every_s(len(self.members)), self.probe, self._dead_found).start()
+        try:
+            data = self._await()
+        finally:
+            if prober is not None:
+                prober.stop()
+        self._conclude(data)
+
+    def fail(self, store: Any, message: str, dead: Sequence[int] = ()) -> None:
+        """Fail the barrier from outside (another thread's ``store`` connection): its waiters wake at once."""
+        store.compare_set(self._verdict, "", json.dumps({"failed": message, "dead": sorted(dead)}))
+
+    def give_up(self, message: str, dead: Sequence[int] = ()) -> None:
+        """This member cannot reach the barrier: fail it (unless an outcome is in) and raise the outcome in force.
+
+        Always raises `BarrierFailed`: the verdict written first, by this
+        member or another, so that every member reads the same one.
+        """
+        data = self._publish(json.dumps({"failed": message, "dead": sorted(dead)}))
+        self._conclude(data)
+        raise BarrierFailed(f"{self.what}: the barrier passed without a member that gave up")  # unreachable
+
+    def _dead_found(self, found: set[int]) -> bool:
+        dead = sorted(found & set(self.members))
+        if dead:
+            self.fail(self.side, f"a member died before {self.what}", dead)
+        return bool(dead)
+
+    def _await(self) -> bytes:
+        data = diagnosis.await_value(self.store, self._verdict, self.deadline)
+        if data is not None:
+            return data
+        dead = [member for member in self.probe() if member in set(self.members)] if self.probe is not None else []
+        return self._publish(json.dumps({"failed": f"not every member reached {self.what} in time", "dead": dead}))
+
+    def _publish(self, text: str) -> bytes:
+        data: bytes = self.store.compare_set(self._verdict, "", text)
+        return data
+
+    def _conclude(self, data: bytes) -> None:
+        if data == b"ok":  # every member arrived: the count goes on to 2N with the reads, the last deletes
+            if self.store.add(self._count, 1) >= 2 * len(self.members):
+                self.store.delete_key(self._count)
+                self.store.delete_key(self._verdict)
+            return
+        failure = json.loads(data)
+        dead = failure["dead"]
+        if self.rank not in dead and self.store.add(self._read, 1) >= len(self.members) - len(dead):
+            for key in (self._count, self._verdict, self._read):
+                self.store.delete_key(key)
+        raise BarrierFailed(failure["failed"], dead)
+
+
+class Prober:
+    """A thread that asks ``probe`` every ``period_s`` who is dead and hands a non-empty answer to ``on_dead``.
+
+    ``on_dead(found)`` returns True when it acted (the prober then ends); it
+    never runs after `stop` returned, so a prober cannot write into a step that
+    has ended (a lock orders the two).
+    """
+
+    def __init__(
+        self, period_s: float, probe: Callable[[], Sequence[int]], on_dead: Callable[[set[int]], bool]
+    ) -> None:
+        self.period_s = period_s
+        self.probe = probe
+        self.on_dead = on_dead
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="hypergrid-prober", daemon=True)
+
+    def start(self) -> Prober:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.period_s):
+            try:
+                found = set(self.probe())
+            except RuntimeError:  # the store is gone: nothing to probe with
+                return
+            with self._lock:
+                if self._stopped.is_set():
+                    return
+                if found and self.on_dead(found):
+                    return

@@ -1,0 +1,284 @@
+"""Who is alive, settled once for the whole world: the roll call behind every failure, O(1) store operations each.
+
+Every rank runs a watcher (`hypergrid.agreement.watcher`) that waits on the
+call key of the world's next *incident*. A rank that sees a failure (a peer's
+connection closed, a collective error, a wait that lasts too long) *calls* the
+incident; every watcher wakes, answers for its rank (even while its main
+thread is blocked in a collective), and the incident closes with a verdict
+that every watcher reads: the ranks that did not answer within the liveness
+bound are dead. Nothing is guessed from timeouts, so a slow rank is never
+declared dead while its watcher answers, and the survivors always agree (one
+``compare_set`` decides the verdict).
+
+Keys of incident ``k`` of world ``w`` (``I = hypergrid/live/<w>/<k>``):
+
+- ``I/call``: ``failure <text>`` or ``probe <text>`` (the first caller wins);
+- ``I/alive``: one line per answer (read only when someone did not answer);
+- ``I/count``: the answers so far;
+- ``I/verdict``: JSON ``{"kind", "dead", "text"}``, or ``{"kind": "minority", "alive"}``;
+- ``I/read``: how many live ranks read the verdict; the last deletes every key.
+
+An incident closes as soon as every expected rank answered (no one is dead:
+a *failure* still ends the world's collectives, a *probe* changes nothing),
+or at the first watcher's deadline (when it saw the call, plus `bound_s`),
+which reads the roster: expected ranks missing from it are dead.
+
+**Majority.** A verdict declares the missing ranks dead only when the ranks
+that answered are more than half of the expected ones, or exactly half and
+the lowest expected rank among them. Otherwise the answering ranks are the cut-off
+side: they are told so (``minority``) and fence themselves. A rank that comes back
+after the others moved on (resumed after SIGSTOP, late from a partition)
+therefore never declares the rest of the world dead, whatever it reports.
+
+**Leaving.** A rank whose process ends normally appends itself to
+``hypergrid/live/<w>/left`` (`Incident.leave`, at interpreter exit): the closer
+of a roll call that some rank did not answer leaves those out of the expected
+ranks, so the last ranks of a job that ends are neither fenced nor told that
+the others died.
+
+**Fencing.** A watcher that finds its incident's call or verdict gone after it
+woke (the live ranks read it and deleted it without this rank), or itself among
+the dead, was excluded: it fences its rank (`hypergrid.binding.alarm.fence`).
+
+Per rank and incident: wait, read the call, append, count, wait, read the
+verdict, count the read: 7 store operations, whatever the number of ranks
+(the closer adds a roster read and the verdict, the last reader 5 deletes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hypergrid.agreement import diagnosis
+
+__all__ = [
+    "END",
+    "FAILURE",
+    "LIVENESS_S",
+    "PROBE",
+    "Incident",
+    "Verdict",
+    "bound_s",
+    "end_text",
+    "incident_prefix",
+    "majority",
+]
+
+PREFIX = "hypergrid/live"
+#: The incident kinds a caller can open.
+FAILURE, PROBE = "failure", "probe"
+#: How long a live rank's watcher has to answer a roll call (``HYPERGRID_LIVENESS_S``, default 0.5 s).
+LIVENESS_S = float(os.environ.get("HYPERGRID_LIVENESS_S", "0.5"))
+#: ...at least this long per expected rank: the store serves the roll call at ~50 µs a rank.
+PER_RANK_S = 1e-4
+#: How much longer than the first two answers the others wait before they close a roll call themselves.
+BACKUP_S = 5.0
+
+
+#: The call that ends a world (its ranks moved to the next one): ``end [dead, readers]``.
+END = "end "
+
+
+def end_text(dead: Sequence[int], world_size: int) -> str:
+    """The call that ends a world of ``world_size`` ranks whose ``dead`` were left behind.
+
+    Every other rank's watcher reads it once (the last deletes it); a rank it
+    names fences itself.
+
+    Examples:
+        >>> end_text([3], 8)
+        'end [[3], 7]'
+    """
+    return END + json.dumps([sorted(dead), world_size - len(set(dead))])
+
+
+def left_key(world: int) -> str:
+    """The key that lists the ranks of world ``world`` whose process ended normally.
+
+    Examples:
+        >>> left_key(0)
+        'hypergrid/live/0/left'
+    """
+    return f"{PREFIX}/{world}/left"
+
+
+def incident_prefix(world: int, number: int) -> str:
+    """The key prefix of incident ``number`` of world ``world``.
+
+    Examples:
+        >>> incident_prefix(2, 0)
+        'hypergrid/live/2/0'
+    """
+    return f"{PREFIX}/{world}/{number}"
+
+
+def bound_s(ranks: int, liveness_s: float | None = None) -> float:
+    """How long after the call the roll call waits for answers: ``max(liveness_s, 0.1 ms per rank)``.
+
+    Examples:
+        >>> bound_s(8, 0.5), bound_s(131072, 0.5)
+        (0.5, 13.1072)
+    """
+    return max(LIVENESS_S if liveness_s is None else liveness_s, ranks * PER_RANK_S)
+
+
+def majority(alive: Sequence[int], expected: Sequence[int]) -> bool:
+    """Whether ``alive`` may declare the rest of ``expected`` dead: more than half, or half with the lowest rank.
+
+    Examples:
+        >>> majority([0, 1, 2], [0, 1, 2, 3]), majority([0, 1], [0, 1, 2, 3]), majority([2, 3], [0, 1, 2, 3])
+        (True, True, False)
+        >>> majority([7], range(8))
+        False
+    """
+    alive_set = set(alive)
+    if 2 * len(alive_set) > len(expected):
+        return True
+    return 2 * len(alive_set) == len(expected) and len(expected) > 0 and min(expected) in alive_set
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How an incident ended.
+
+    Attributes:
+        kind: ``"failure"`` or ``"probe"`` (what was called), or ``"minority"``: the ranks that answered
+            are the smaller side and are excluded.
+        dead: the expected ranks that did not answer in time (sorted); empty for a minority.
+        text: what the caller said.
+        alive: for a minority, the ranks that answered (they fence themselves).
+    """
+
+    kind: str
+    dead: tuple[int, ...] = ()
+    text: str = ""
+    alive: tuple[int, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        """The world's collectives must end: a failure was reported, or a probe found dead ranks."""
+        return self.kind == FAILURE or bool(self.dead)
+
+    def excludes(self, rank: int) -> bool:
+        """Whether ``rank`` is out: declared dead, or on the minority side."""
+        return rank in self.dead or (self.kind == "minority" and rank in self.alive)
+
+    def encode(self) -> str:
+        return json.dumps({"kind": self.kind, "dead": list(self.dead), "text": self.text, "alive": list(self.alive)})
+
+    @classmethod
+    def decode(cls, data: bytes) -> Verdict:
+        fields = json.loads(data)
+        return cls(fields["kind"], tuple(fields["dead"]), fields["text"], tuple(fields["alive"]))
+
+
+class Incident:
+    """One rank's side of incident ``number`` of a world whose live ranks are ``expected``.
+
+    A watcher runs `answer`, `close` and `conclude` in turn; `call` opens
+    the incident from any rank. The steps are separate so that one thread can
+    play many ranks (the benchmark).
+
+    Args:
+        store: any ``torch.distributed.Store`` (or an object with its methods).
+        prefix: `incident_prefix` of the world and incident number, equal on every rank.
+        rank: this rank.
+        expected: the world's ranks not found dead by an earlier incident (sorted).
+    """
+
+    def __init__(self, store: Any, prefix: str, rank: int, expected: Sequence[int]) -> None:
+        self.store = store
+        self.prefix = prefix
+        self.rank = rank
+        self.expected = expected
+        self._complete = False
+        self._order = 0  # this rank's place among the answers
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}"
+
+    def call(self, kind: str, text: str) -> str:
+        """Open the incident (unless someone did first); the call in force."""
+        mine = f"{kind} {text}"
+        current: bytes = self.store.compare_set(self.key("call"), "", mine)
+        return current.decode()
+
+    def answer(self) -> str | None:
+        """Answer the roll call for this rank; the call, or None where the world went on without this rank.
+
+        None when the call is gone (the live ranks read the verdict and deleted
+        it); an ``end`` call (`end_text`) is returned as it is, unanswered.
+        """
+        data = diagnosis.read(self.store, self.key("call"))
+        if data is None:
+            return None
+        if data.startswith(END.encode()):
+            return data.decode()  # not a roll call: the world ended (`end_text`)
+        self.store.append(self.key("alive"), f"{self.rank}\n")
+        self._order = self.store.add(self.key("count"), 1)
+        self._complete = self._order >= len(self.expected)
+        return data.decode()
+
+    def close(self, call: str, deadline: float) -> Verdict | None:
+        """The verdict: published here when this answer completed the roll call or at ``deadline``; None if gone.
+
+        The first two ranks to answer close the roll call at ``deadline``; the
+        others wait longer (`BACKUP_S` more) and close it only if both of those
+        died meanwhile, so a roll call with a dead rank ends one timed-out store
+        wait on two ranks, not on all of them (torch logs each one).
+        """
+        kind, _, text = call.partition(" ")
+        if self._complete:
+            return self._publish(Verdict(kind, (), text))
+        until = deadline if self._order <= 2 else deadline + BACKUP_S
+        if diagnosis.wait_for(self.store, self.key("verdict"), until):
+            data = diagnosis.read(self.store, self.key("verdict"))
+            return None if data is None else Verdict.decode(data)
+        left = set(_ranks(diagnosis.read(self.store, self.left_key)))
+        expected = [rank for rank in self.expected if rank not in left]
+        alive = sorted(diagnosis.alive_of(self.store, self.prefix) & set(expected))
+        if not majority(alive, expected):
+            return self._publish(Verdict("minority", (), text, tuple(alive)))
+        dead = tuple(rank for rank in expected if rank not in set(alive))
+        return self._publish(Verdict(kind, dead, text))
+
+    @property
+    def left_key(self) -> str:
+        return f"{self.prefix.rsplit('/', 1)[0]}/left"
+
+    def leave(self) -> None:
+        """This rank's process ends normally: list it as left (not dead); the last to leave deletes the list."""
+        self.store.append(self.left_key, f"{self.rank}\n")
+        if self.store.add(f"{self.left_key}-count", 1) >= len(self.expected):
+            self.store.delete_key(self.left_key)
+            self.store.delete_key(f"{self.left_key}-count")
+
+    def read_end(self, call: str) -> tuple[int, ...]:
+        """This rank read the world's end (`end_text`): count it; the last reader deletes the call. The dead."""
+        dead, readers = json.loads(call[len(END) :])
+        if self.rank not in dead and self.store.add(self.key("read"), 1) >= readers:
+            self.store.delete_key(self.key("call"))
+            self.store.delete_key(self.key("read"))
+        return tuple(dead)
+
+    def conclude(self, verdict: Verdict) -> None:
+        """This rank read ``verdict``: count it; the last live reader deletes the incident's keys."""
+        if self.rank in verdict.dead:
+            return  # a rank declared dead takes no part in the clean-up (the others may be done already)
+        readers = len(verdict.alive) if verdict.kind == "minority" else len(self.expected) - len(verdict.dead)
+        if self.store.add(self.key("read"), 1) >= readers:
+            for name in ("call", "alive", "count", "verdict", "read"):
+                self.store.delete_key(self.key(name))
+
+    def _publish(self, verdict: Verdict) -> Verdict:
+        text = verdict.encode()
+        current: bytes = self.store.compare_set(self.key("verdict"), "", text)
+        return verdict if current == text.encode() else Verdict.decode(current)
+
+
+def _ranks(data: bytes | None) -> list[int]:
+    return [int(line) for line in (data or b"").decode().split()]

@@ -1,0 +1,266 @@
+"""One survivor's ``shrink``: agree on the dead, check the whole plan, tear down, then form worlds until one holds.
+
+``grid.shrink`` (`hypergrid.grid.elastic`) validates its arguments and hands
+over to `Recovery`:
+
+1. **Who is dead.** The world's watcher (`hypergrid.agreement.watcher`) has
+   usually settled it already: the failure that made the caller shrink ran a
+   roll call, and every survivor read the same verdict. Otherwise the call
+   itself runs one. The survivors then agree through the membership round
+   (`hypergrid.agreement.membership`) on the dead (named ones included), the
+   policy, the dim and the families to re-create; a rank that dies meanwhile
+   is found by the round's liveness probes.
+2. **The plan, checked whole** before anything is torn down: the new layout
+   (`hypergrid.layout.shrink`), the successor grid and its views, every
+   family, tag and ``within``/``across`` half on it. A refusal leaves the old
+   grid and world as they were, and ``shrink`` may be called again.
+3. **Tear down** the old groups (never waiting on a dead peer).
+4. **Form the new world**, attempt after attempt: a watcher for it first
+   (its ranks answer its roll calls from the start), a barrier where every
+   member shows up, the default group under the new epoch's store prefix (torch's
+   wait bounded by ``timeout_s``), the families re-created (bounded alike), and
+   a commit barrier whose outcome is written once. A death anywhere in an
+   attempt ends it on every member, through the new world's roll call: its
+   verdict names the dead, who join the dead set, and the next attempt forms
+   the next epoch's world from the same old layout. Retired ranks (``"drop"``)
+   only ever grow, so a rank retired by one attempt stays retired.
+
+Every failure that cannot be absorbed (no complete replica, a view that no
+longer fits, an attempt in which nobody new died yet not every member
+arrived) is a ``HyperGridError`` on every survivor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from hypergrid.agreement.barrier import Barrier, BarrierFailed
+from hypergrid.agreement.diagnosis import announce_key
+from hypergrid.agreement.liveness import FAILURE
+from hypergrid.agreement.membership import MembershipRound, Proposal, round_prefix
+from hypergrid.agreement.watcher import Watcher, adopt, current_watcher, start_watcher
+from hypergrid.binding import alarm
+from hypergrid.binding.reform import Epoch, reform_world, retire, tear_down
+from hypergrid.binding.registry import PgKey
+from hypergrid.errors import FencedError, HyperGridError, RankFailure
+from hypergrid.grid.regrid import Phases, Regrid
+from hypergrid.layout.hierarchy import hierarchical_family
+from hypergrid.layout.shrink import ShrinkPlan, plan_shrink
+from hypergrid.values import format_ranks
+
+__all__ = ["Recovery", "families_digest"]
+
+#: One family to re-create: its registry key, and what ``_create_families`` needs (dims, view, tag, kwargs).
+Family = tuple[PgKey, dict[str, Any]]
+
+
+def families_digest(families: Sequence[Family], description: str) -> str:
+    """A short digest of the families a grid will re-create (equal on ranks that would create the same).
+
+    Examples:
+        >>> families_digest([("dp", {"dims": ["dp"], "view": None, "tag": None, "kwargs": {}})], "dp4")
+        'e8ad6b5ec3d2b2d7'
+    """
+    text = description + "|" + repr([(str(key), sorted(spec.items(), key=str)) for key, spec in families])
+    return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:16]
+
+
+class Recovery:
+    """One survivor's side of a shrink of ``grid`` (the root) over the old world of ``world`` ranks.
+
+    Args:
+        grid: the root grid being shrunk.
+        epoch: the old world's epoch (its number and the base store).
+        world: the old world's size.
+        timeout_s: the bound of each wait on a rank that is alive but absent, and of torch's waits.
+    """
+
+    def __init__(self, grid: Any, epoch: Epoch, world: int, timeout_s: float) -> None:
+        self.grid = grid
+        self.epoch = epoch
+        self.world = world
+        self.timeout_s = timeout_s
+        self.rank = dist.get_rank()
+        self.clock = Phases()
+        self.attempts = 0
+        self._left: list[Watcher] = []  # the watchers of the worlds this rank left on the way
+
+    # -- 1. who is dead ---------------------------------------------------------------
+
+    def agree(self, proposal: Proposal) -> tuple[int, ...]:
+        """The dead ranks every survivor agreed on (``proposal``'s dead, plus any found meanwhile)."""
+        watcher = current_watcher()
+        probe = None if watcher is None else (lambda: watcher.probe(f"rank {self.rank} waits in shrink"))
+        side = None if watcher is None else watcher.side
+        prefix = round_prefix(self.epoch.number)
+        dead = MembershipRound(
+            self.epoch.base_store, prefix, self.rank, range(self.world), proposal, self.timeout_s, probe, side
+        ).run()
+        self.clock.lap("agreement")
+        return dead
+
+    def known_dead(self, named: Sequence[int]) -> list[int]:
+        """``named``, plus every rank the world's roll calls found dead (one is run now if none has been)."""
+        watcher = current_watcher()
+        if watcher is None:
+            return sorted(named)
+        if watcher.failure is None:
+            watcher.report(FAILURE, f"rank {self.rank} called shrink")  # every rank's waits end: all come here
+        alarm.check_fence("grid.shrink")
+        return sorted({*named, *watcher.dead})
+
+    # -- 2. the plan ----------------------------------------------------------------------
+
+    def plan(self, dead: Sequence[int], policy: str, dim: str, families: Sequence[Family]) -> tuple[ShrinkPlan, Any]:
+        """The new world and the successor grid, every family checked on it; nothing is torn down here."""
+        grid = self.grid
+        plan = plan_shrink(grid.layout, self.world, grid.spares, dead, dim, policy)
+        successor = grid._successor(plan)  # views checked here
+        for _, spec in families:
+            _, layout, view = successor._family(spec["dims"], spec["view"])
+            scope = next((half for half in ("within", "across") if half in spec["kwargs"]), None)
+            if scope is not None:  # a half that no longer fits is refused now, not after the teardown
+                ordered = view.layout.canonical_dims(spec["dims"])
+                hierarchical_family(layout, ordered, scope, spec["kwargs"]["ranks_per_node"])
+        return plan, successor
+
+    # -- 3.-4. tear down, then form worlds until one holds --------------------------------
+
+    def carry_on(self, plan: ShrinkPlan, successor: Any, families: Sequence[Family], policy: str, dim: str) -> Regrid:
+        """Tear the old world down and form the new one (attempt after attempt); this rank's `Regrid`.
+
+        The old world's watcher answers for this rank until the new world
+        holds: it is the liveness every attempt asks (the new world's watchers
+        start just before its commit, so all of them run once it passes), and
+        it ends with the old world (`Watcher.end_world`).
+        """
+        grid, old = self.grid, current_watcher()
+        if plan.order and self.rank == plan.order[0]:
+            store: Any = c10d._get_default_store()
+            for dead in plan.dead:  # the dead cannot release their guard announcements themselves
+                store.delete_key(announce_key(dead))
+        grid.abort()
+        self.clock.lap("abort")
+        number = self.epoch.number + 1
+        while True:
+            self.attempts += 1
+            if self.rank not in plan.old_to_new:
+                retire()
+                if old is not None:  # until the survivors end the old world (see Watcher.join), which names
+                    old.join(max(60.0, 4 * self.timeout_s))  # every rank dead by then (later attempts may add)
+                    if old.end_dead is not None:
+                        plan = plan_shrink(self.grid.layout, self.world, self.grid.spares, old.end_dead, dim, policy)
+                return self._regrid(None, None, number, plan, dim)
+            try:
+                self._form(plan, successor, families, number, old)
+            except BarrierFailed as failed:  # the attempt's outcome, the same on every member
+                gone = self._failed(failed, number, plan)
+                plan, successor = self.plan(sorted({*plan.dead, *gone}), policy, dim, families)
+                number += 1
+                continue
+            if old is not None:
+                old.end_world(plan.dead, self.world)
+            for left in self._left:  # worlds of failed attempts: every watcher there stopped already
+                left.pulse_end()
+            for stopped in ([old] if old is not None else []) + self._left:
+                stopped.join(self.timeout_s)
+            return self._regrid(successor, plan.old_to_new[self.rank], number, plan, dim)
+
+    def _regrid(self, grid: Any, rank: int | None, number: int, plan: ShrinkPlan, dim: str) -> Regrid:
+        return Regrid(
+            grid,
+            rank,
+            number,
+            plan.dead,
+            retired=rank is None,
+            old_to_new=plan.old_to_new,
+            source=plan.source,
+            policy=plan.policy,
+            dim=dim,
+            seconds=self.clock.seconds,
+            attempts=self.attempts,
+        )
+
+    def _form(
+        self, plan: ShrinkPlan, successor: Any, families: Sequence[Family], number: int, old: Watcher | None
+    ) -> None:
+        """One attempt at world ``number``: ready barrier, default group and its watcher, families, commit.
+
+        The commit barrier's verdict is the attempt's outcome on every member:
+        a member that fails on the way (a dead member found by the old world's
+        roll call, torch giving up in a bounded wait) writes the failure there
+        and raises it, as the members waiting there will.
+
+        Raises:
+            BarrierFailed: the attempt failed (its ``dead``: the attempt's ranks found dead).
+        """
+        new_rank, size = plan.old_to_new[self.rank], len(plan.order)
+        probe, side = None, None
+        if old is not None:
+            text = f"rank {self.rank} forms world {number}"
+            probe = lambda: [plan.old_to_new[r] for r in old.probe(text) if r in plan.old_to_new]  # noqa: E731
+            side = old.side
+
+        def barrier(step: str, what: str) -> Barrier:
+            deadline = time.monotonic() + self.timeout_s
+            return Barrier(self.epoch.base_store, f"hypergrid/elastic/{number}/{step}", new_rank, range(size),
+                           deadline, what, probe, side)  # fmt: skip
+
+        commit = barrier("commit", f"world {number}'s families")
+        watcher = None
+        try:
+            barrier("ready", f"forming world {number}").run()
+            # Survivors in their old order (no spare moved in): a backend that can shrink does it in place (on the
+            # first attempt only: after a failed one the old world is gone).
+            kept = self.attempts == 1 and list(plan.order) == sorted(plan.order)
+            excluded = [gone for gone in range(self.world) if gone not in plan.old_to_new] if kept else None
+            timeout = self.grid.group_options.get("timeout")
+            reform_world(self.epoch, new_rank, size, timeout, excluded, number, self.timeout_s)
+            # The new world's watcher from now on (the families' creation finds it); every member has one once
+            # the commit passes. Until then the attempt asks the old world's roll call.
+            watcher = start_watcher(number, new_rank, size, self.epoch.base_store)
+            adopt(watcher)
+            self.clock.lap("world")
+            successor._recreate(families, self.timeout_s)
+            self.clock.lap("families")
+        except (HyperGridError, RuntimeError) as error:  # BarrierFailed too
+            if isinstance(error, FencedError):
+                raise
+            said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            dead = getattr(error, "dead", None) or (probe() if probe is not None else [])
+            self._stop(watcher)
+            commit.give_up(f"rank {new_rank} could not form world {number}: {said}", dead)
+        commit.deadline = time.monotonic() + self.timeout_s
+        try:
+            commit.run()
+        except BarrierFailed:
+            self._stop(watcher)
+            raise
+        self.clock.lap("commit")
+
+    def _stop(self, watcher: Watcher | None) -> None:
+        if watcher is not None:
+            watcher.stop()
+            self._left.append(watcher)
+
+    def _failed(self, failed: BarrierFailed, number: int, plan: ShrinkPlan) -> list[int]:
+        """The attempt at world ``number`` failed on every member: the old ranks it found dead."""
+        with contextlib.suppress(RuntimeError, ValueError):
+            tear_down()
+        alarm.check_fence("grid.shrink")  # this rank was declared dead by the others
+        gone = [plan.order[rank] for rank in failed.dead]
+        if not gone:
+            raise RankFailure(
+                f"grid.shrink: forming world {number} failed ({failed}) and every member still answers, so the "
+                "survivors cannot carry on without someone they still wait for; restart from a checkpoint",
+                [],
+            ) from failed
+        self.clock.lap(f"attempt {self.attempts} failed (dead {format_ranks(gone)})")
+        return gone

@@ -1,0 +1,121 @@
+"""The TCP connections torch opens for a process group, and how to sever them: gloo's missing abort.
+
+gloo cannot cancel a collective in flight (``ProcessGroup.abort()`` returns
+and the operation goes on, torch 2.13): after a failure, the survivors'
+operations stay pending until their peers' connections close or the group's
+timeout (minutes), and destroying such a group joins the threads that run
+them. Worse, a peer that was only stopped (SIGSTOP) and comes back completes
+them: the survivors' abandoned collectives then finish behind their back,
+writing into tensors they use again, and the stopped rank gets a result from
+a world that no longer exists.
+
+Severing the group's connections (``shutdown`` of each connected socket)
+ends every pending operation at once, on both sides, with gloo's own
+"Connection closed" error. `opened` finds the connections a group creation
+opened (the process's connected sockets before and after it, read from
+``/proc/self/fd``; listening sockets are left alone: gloo's listener must
+not be touched); `track` remembers them with their group and `sever` shuts
+them down. Where ``/proc`` is missing (not Linux), or gloo connects lazily
+(``TORCH_GLOO_LAZY_INIT=1``), nothing is found and nothing is severed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import weakref
+from typing import Any
+
+__all__ = ["Connections", "opened", "sever", "severable", "snapshot", "track"]
+
+_FDS = "/proc/self/fd"
+
+#: Sockets by descriptor: ``fd -> "socket:[inode]"`` (the inode tells a reused descriptor apart).
+Connections = dict[int, str]
+
+_tracked: weakref.WeakKeyDictionary[Any, Connections] = weakref.WeakKeyDictionary()
+
+
+def snapshot() -> Connections:
+    """The process's sockets now (empty where ``/proc/self/fd`` does not exist).
+
+    Examples:
+        >>> isinstance(snapshot(), dict)
+        True
+    """
+    found: Connections = {}
+    try:
+        names = os.listdir(_FDS)
+    except OSError:
+        return found
+    for name in names:
+        with contextlib.suppress(OSError, ValueError):
+            link = os.readlink(f"{_FDS}/{name}")
+            if link.startswith("socket:"):
+                found[int(name)] = link
+    return found
+
+
+def _connected(fd: int) -> bool:
+    """A stream socket that is not listening (a connection, not gloo's listener)."""
+    try:
+        probe = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return False
+    try:
+        return probe.type == socket.SOCK_STREAM and not probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def opened(before: Connections) -> Connections:
+    """The connected sockets opened since ``before`` (a `snapshot`).
+
+    Examples:
+        >>> opened(snapshot())
+        {}
+    """
+    return {fd: link for fd, link in snapshot().items() if before.get(fd) != link and _connected(fd)}
+
+
+def track(group: Any, connections: Connections) -> None:
+    """Remember ``connections`` as ``group``'s (added to what it holds already)."""
+    if connections:
+        with contextlib.suppress(TypeError):  # an object that cannot be weakly referenced: nothing to track
+            _tracked.setdefault(group, {}).update(connections)
+
+
+def severable(group: Any) -> bool:
+    """Whether connections of ``group`` are known (`sever` can end its pending operations)."""
+    try:
+        return bool(_tracked.get(group))
+    except TypeError:
+        return False
+
+
+def sever(group: Any) -> int:
+    """Shut down ``group``'s known connections (those still open); how many were shut.
+
+    Every operation pending on them fails at once, here and at the peer.
+    The descriptors stay open (torch closes them when it destroys the group).
+    """
+    try:
+        connections = _tracked.pop(group, {})
+    except TypeError:
+        return 0
+    shut = 0
+    for fd, link in connections.items():
+        try:
+            if os.readlink(f"{_FDS}/{fd}") != link:
+                continue  # closed, and the descriptor reused for something else
+            twin = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        with contextlib.suppress(OSError):
+            twin.shutdown(socket.SHUT_RDWR)
+            shut += 1
+        twin.close()
+    return shut

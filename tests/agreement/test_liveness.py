@@ -1,0 +1,197 @@
+"""The roll call (`hypergrid.agreement.liveness`), the barrier and the watcher: threads on a real TCPStore.
+
+Each simulated rank has its own store connection (``CountingStore`` counts its
+operations). Ranks that "die" simply never answer.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+from benchmarks.guard import CountingStore
+from hypergrid.agreement.barrier import Barrier, BarrierFailed
+from hypergrid.agreement.liveness import FAILURE, PROBE, Incident, Verdict, end_text, incident_prefix, majority
+from hypergrid.agreement.watcher import Watcher
+
+TIMEOUT = datetime.timedelta(seconds=60)
+BOUND = 0.5
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Any]:
+    yield TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+
+
+def client(server: Any) -> CountingStore:
+    return CountingStore(TCPStore("127.0.0.1", server.port, is_master=False, timeout=TIMEOUT))
+
+
+def roll_call(
+    server: Any, world: int, size: int, answering: list[int], number: int = 0, bound: float = BOUND
+) -> tuple[dict[int, Any], dict[int, int]]:
+    """Incident ``number`` of world ``world``: ``answering`` ranks answer (one thread each); the verdicts they read."""
+    prefix = incident_prefix(world, number)
+    client(server).compare_set(f"{prefix}/call", "", f"{FAILURE} test")
+    verdicts: dict[int, Any] = {}
+    ops: dict[int, int] = {}
+
+    def rank_side(rank: int) -> None:
+        store = client(server)
+        incident = Incident(store, prefix, rank, list(range(size)))
+        call = incident.answer()
+        verdict = None if call is None else incident.close(call, time.monotonic() + bound)
+        if verdict is not None:
+            incident.conclude(verdict)
+        verdicts[rank], ops[rank] = verdict, store.ops
+
+    threads = [threading.Thread(target=rank_side, args=(rank,)) for rank in answering]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return verdicts, ops
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("size", [2, 16, 64])
+def test_everyone_answers_nobody_dead_in_o1_ops_no_key_left(server: Any, size: int) -> None:
+    before = server.num_keys()
+    verdicts, ops = roll_call(server, 100 + size, size, list(range(size)), bound=30.0)  # it closes on the count
+    assert {verdict for verdict in verdicts.values()} == {Verdict(FAILURE, (), "test")}
+    assert max(ops.values()) <= 12 and statistics.median_low(ops.values()) <= 7  # whatever the size
+    assert server.num_keys() == before
+
+
+@pytest.mark.timeout(60)
+def test_ranks_that_do_not_answer_are_dead_for_every_survivor(server: Any) -> None:
+    before = server.num_keys()
+    verdicts, _ = roll_call(server, 1, 8, [0, 1, 2, 4, 5, 7])
+    assert {verdict.dead for verdict in verdicts.values()} == {(3, 6)}
+    assert server.num_keys() == before
+
+
+@pytest.mark.timeout(60)
+def test_a_minority_never_declares_the_others_dead(server: Any) -> None:
+    before = server.num_keys()
+    verdicts, _ = roll_call(server, 2, 8, [5, 6, 7])
+    assert {(verdict.kind, verdict.dead, verdict.alive) for verdict in verdicts.values()} == {
+        ("minority", (), (5, 6, 7))
+    }
+    assert all(verdict.excludes(rank) for rank, verdict in verdicts.items())
+    assert server.num_keys() == before  # the minority cleans up after itself
+
+
+def test_majority_rule() -> None:
+    assert majority([0, 1, 2], range(5)) and not majority([3, 4], range(5))
+    assert majority([0, 1], range(4)) and not majority([2, 3], range(4))  # a tie goes to the side with rank 0
+    assert majority([0], range(2)) and not majority([1], range(2))
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_comes_back_after_the_verdict_finds_the_incident_gone(server: Any) -> None:
+    verdicts, _ = roll_call(server, 3, 4, [0, 1, 2])
+    assert {verdict.dead for verdict in verdicts.values()} == {(3,)}
+    late = Incident(client(server), incident_prefix(3, 0), 3, [0, 1, 2, 3])
+    assert late.answer() is None  # the live ranks read the verdict and deleted it: rank 3 was left behind
+
+
+@pytest.mark.timeout(60)
+def test_ranks_that_left_are_not_dead_and_do_not_make_a_minority(server: Any) -> None:
+    size, world = 6, 4
+    for rank in (2, 3, 4, 5):  # their processes ended normally
+        Incident(client(server), incident_prefix(world, 0), rank, list(range(size))).leave()
+    verdicts, _ = roll_call(server, world, size, [0, 1])
+    assert {(verdict.kind, verdict.dead) for verdict in verdicts.values()} == {(FAILURE, ())}
+
+
+@pytest.mark.timeout(60)
+def test_the_end_of_a_world_is_read_once_by_each_live_rank_then_gone(server: Any) -> None:
+    before = server.num_keys()
+    prefix = incident_prefix(5, 2)
+    client(server).set(f"{prefix}/call", end_text([3], 4))
+    seen = [Incident(client(server), prefix, rank, [0, 1, 2, 3]) for rank in range(4)]
+    assert [incident.read_end(incident.answer() or "") for incident in seen[:3]] == [(3,)] * 3
+    assert server.num_keys() == before
+    assert seen[3].answer() is None  # the rank it names, coming late: gone
+
+
+def play_barrier(
+    server: Any, prefix: str, members: int, arriving: list[int], probe: Any = None, deadline_s: float = 30.0
+) -> dict[int, Any]:
+    outcomes: dict[int, Any] = {}
+
+    def member(rank: int) -> None:
+        store = client(server)
+        barrier = Barrier(
+            store, prefix, rank, range(members), time.monotonic() + deadline_s, "the test", probe, client(server)
+        )
+        try:
+            barrier.run()
+            outcomes[rank] = "ok"
+        except BarrierFailed as failed:
+            outcomes[rank] = ("failed", tuple(failed.dead))
+
+    threads = [threading.Thread(target=member, args=(rank,)) for rank in arriving]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
+
+
+@pytest.mark.timeout(60)
+def test_a_barrier_passes_when_all_arrive_and_leaves_no_key(server: Any) -> None:
+    before = server.num_keys()
+    assert set(play_barrier(server, "test/barrier/0", 8, list(range(8))).values()) == {"ok"}
+    assert server.num_keys() == before
+
+
+@pytest.mark.timeout(60)
+def test_a_barrier_with_a_dead_member_fails_alike_on_all_and_a_late_one_never_passes(server: Any) -> None:
+    outcomes = play_barrier(server, "test/barrier/1", 4, [0, 1, 2], probe=lambda: [3])
+    assert set(outcomes.values()) == {("failed", (3,))}
+    late = play_barrier(server, "test/barrier/1", 4, [3], deadline_s=0.5)  # resumed: it may not pass alone
+    assert late[3][0] == "failed"
+
+
+class Frozen(Watcher):
+    """A watcher whose process was stopped (SIGSTOP) when an incident was called: it handles it 3 s late."""
+
+    def _handle(self, prefix: str) -> bool:
+        time.sleep(3.0)
+        return super()._handle(prefix)
+
+
+@pytest.mark.timeout(90)
+def test_watchers_agree_on_the_dead_and_fence_the_late(server: Any) -> None:
+    """Six watchers: rank 3 never answers (dead); rank 5 is frozen, answers too late and is fenced."""
+    size, world = 6, 7
+    fenced: dict[int, str] = {}
+
+    def watcher(rank: int, kind: type[Watcher] = Watcher) -> Watcher:
+        record = lambda why, r=rank: fenced.setdefault(r, why)  # noqa: E731
+        return kind(client(server), client(server), world, rank, size, liveness_s=BOUND, on_fence=record)
+
+    watchers = {rank: watcher(rank, Frozen if rank == 5 else Watcher) for rank in range(size)}
+    for rank in (0, 1, 2, 4, 5):
+        watchers[rank].start()
+    verdict = watchers[0].report(FAILURE, "a peer's connection closed")
+    assert verdict is not None and verdict.dead == (3, 5)
+    time.sleep(0.5)
+    assert {watchers[rank].failure.dead for rank in (0, 1, 2, 4)} == {(3, 5)}  # type: ignore[union-attr]
+    time.sleep(3.5)  # rank 5 wakes: the incident it missed is over
+    assert set(fenced) == {5}
+    assert watchers[1].report(PROBE, "a long wait") is not None  # the live ones still agree (no new dead)
+    assert watchers[1].dead == [3, 5]
+    for live in (0, 1, 2, 4):  # end the world: every thread wakes and ends (none left blocked at exit)
+        watchers[live].end_world([3, 5], size)
+    for live in (0, 1, 2, 4, 5):
+        assert watchers[live].join(5.0)

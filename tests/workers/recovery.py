@@ -1,0 +1,304 @@
+"""Recovery under real failures (issue 23): spawned gloo ranks, production-like group timeouts, nobody names the dead.
+
+Module-level functions so that ``spawn`` can import them. Every survivor
+reports what it saw: the exception it caught (type, ``dead``, when), its
+Regrid, and the result of a collective on the new grid. Times are wall-clock
+(``time.time()``) so that they compare across processes: the victim writes the
+moment of its death to the store before it kills itself.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+import hypergrid.grid.recovery
+from hypergrid import HyperCommGrid
+from hypergrid.agreement.diagnosis import announce_key
+from hypergrid.binding.reform import current_epoch
+from hypergrid.errors import HyperGridError, RankFailure
+
+#: Production-like: a collective waits this long before torch gives up on its own.
+GROUP_TIMEOUT = datetime.timedelta(seconds=600)
+
+
+def _grid(tp: int = 2) -> Any:
+    grid = HyperCommGrid(
+        [tp, dist.get_world_size() // tp],
+        ["tp", "dp"],
+        guard_timeout_s=60.0,
+        group_options={"timeout": GROUP_TIMEOUT},
+    )
+    grid.create_pgs(["tp", "dp", ["dp", "tp"]])
+    return grid
+
+
+def _base() -> Any:
+    """The job's first store (it outlives every world a shrink forms)."""
+    return current_epoch().base_store
+
+
+def _die(how: str) -> None:
+    """Record the moment of death in the store, then die as ``how`` says."""
+    _base().set(f"test/died/{dist.get_rank()}", repr(time.time()))
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(17)
+
+
+def _died_at(rank: int) -> float:
+    return float(_base().get(f"test/died/{rank}").decode())
+
+
+def _step(grid: Any) -> float:
+    """One step of a tp x dp job: a tensor-parallel then a data-parallel reduction; the global sum of ones."""
+    x = torch.ones(4)
+    grid.all_reduce(x, "tp")
+    grid.all_reduce(x, "dp")
+    return float(x[0].item())
+
+
+class KeyRecorder:
+    """Every ``hypergrid/`` key this process writes through a store object, to check at the end that none is left.
+
+    Patches the write methods of torch's store classes (the calls hypergrid makes from Python; torch's own
+    C++ writes, its rendezvous keys, are not hypergrid's).
+    """
+
+    METHODS = ("set", "add", "append", "compare_set", "multi_set")
+
+    def __init__(self) -> None:
+        self.written: list[tuple[Any, str]] = []
+        for cls in (dist.TCPStore, dist.PrefixStore, dist.HashStore):
+            for name in self.METHODS:
+                original = getattr(cls, name)
+
+                def record(store: Any, key: Any, *args: Any, _original: Any = original) -> Any:
+                    for one in key if isinstance(key, list) else [key]:
+                        if str(one).startswith("hypergrid/"):
+                            self.written.append((store, str(one)))
+                    return _original(store, key, *args)
+
+                setattr(cls, name, record)
+
+    def left(self) -> list[str]:
+        """The keys written that are still in their store."""
+        return sorted({key for store, key in self.written if store.check([key])})
+
+
+def sigkill_in_a_step(victim: int, steps: int = 3, at: int = 1) -> dict[str, Any]:
+    """``victim`` SIGKILLs itself in step ``at``; the others catch RankFailure, shrink with no rank named, go on.
+
+    At the end every survivor destroys its grid; every live rank then reports the ``hypergrid/`` keys it wrote
+    that are still stored (none may be), and whether the guard announcements of every old rank are gone.
+    """
+    keys = KeyRecorder()
+    grid = _grid()
+    rank = dist.get_rank()
+    old_store, base = c10d._get_default_store(), _base()
+    out: dict[str, Any] = {"old_rank": rank}
+    step = 0
+    while step < steps:
+        try:
+            if step == at and rank == victim:
+                _die("sigkill")
+            time.sleep(0.2 if step == at else 0.0)  # the victim dies while the others are in their collectives
+            _step(grid)
+            step += 1
+        except RankFailure as failure:
+            caught = time.time()
+            out.update(caught=type(failure).__name__, dead=failure.dead, cause=type(failure.__cause__).__name__)
+            out["detect_s"] = caught - _died_at(victim)
+            regrid = grid.shrink(dead=failure.dead or None, dim="dp")
+            out["regrid"] = {"dead": list(regrid.dead), "retired": regrid.retired, "attempts": regrid.attempts}
+            out["seconds"] = dict(regrid.seconds)
+            if regrid.retired:
+                return _left_behind(out, keys, old_store, base)
+            grid = regrid.grid
+            out["first"] = _step(grid)
+            out["recovered_s"] = time.time() - _died_at(victim)
+            step += 1
+    out.update(world=dist.get_world_size(), shape=list(grid.shape), rank=dist.get_rank())
+    grid.destroy()
+    dist.barrier()
+    if dist.get_rank() == 0:
+        _base().set("test/done", "1")
+    return _left_behind(out, keys, old_store, base)
+
+
+def _left_behind(out: dict[str, Any], keys: KeyRecorder, old_store: Any, base: Any) -> dict[str, Any]:
+    """Once every survivor destroyed its grid: the hypergrid keys still stored (none may be)."""
+    base.wait(["test/done"])
+    out["written"] = len({key for _, key in keys.written})
+    out["left"] = keys.left()
+    out["announcements"] = [r for r in range(8) if old_store.check([announce_key(r)])]
+    return out
+
+
+#: Where ``die_in_shrink`` kills its second victim: a point of ``Recovery`` and what to patch there.
+POINTS = ("before", "decider", "teardown", "reform", "recreate", "commit")
+
+
+def die_in_shrink(first: int, second: int, point: str) -> dict[str, Any]:
+    """``first`` dies in a step; ``second`` dies at ``point`` inside the survivors' shrink; the rest carry on.
+
+    6 ranks, tp=2 x dp=3. Every survivor returns its Regrid (or the HyperGridError it got) and, when it is in
+    the new grid, the sum of a collective over it.
+    """
+    grid = _grid()
+    rank = dist.get_rank()
+    out: dict[str, Any] = {"old_rank": rank}
+    if rank == second:
+        _arm(point)
+    try:
+        if rank == first:
+            _die("exit")
+        time.sleep(0.3)
+        _step(grid)
+        out["no_failure"] = True
+        return out
+    except RankFailure as failure:
+        out["caught_dead"] = failure.dead
+    began = time.time()
+    try:
+        regrid = grid.shrink(dim="dp", timeout_s=6.0)
+    except HyperGridError as error:
+        out["error"] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+        out["shrink_s"] = time.time() - began
+        return out
+    out["shrink_s"] = time.time() - began
+    out["regrid"] = {"dead": list(regrid.dead), "retired": regrid.retired, "attempts": regrid.attempts}
+    if not regrid.retired:
+        out["world"] = dist.get_world_size()
+        out["shape"] = list(regrid.grid.shape)
+        out["sum"] = _step(regrid.grid)
+        out["keys"] = list(map(str, regrid.grid.created_keys))
+    return out
+
+
+def _arm(point: str) -> None:
+    """Make this rank die (``os._exit``) when its shrink reaches ``point``."""
+    recovery = hypergrid.grid.recovery
+    die = lambda *args, **kwargs: _die("exit")  # noqa: E731
+    if point == "before":
+        recovery.Recovery.agree = die  # type: ignore[method-assign]
+    elif point == "decider":
+        import hypergrid.agreement.membership as membership
+
+        real = membership.MembershipRound.arrive
+
+        def arrive_then_die(self: Any) -> bool:
+            time.sleep(1.0)  # the last to arrive: the decider
+            real(self)
+            _die("exit")
+            return False
+
+        membership.MembershipRound.arrive = arrive_then_die  # type: ignore[method-assign]
+    elif point == "teardown":
+        real_abort = HyperCommGrid.abort
+
+        def abort_then_die(self: Any) -> None:
+            real_abort(self)
+            _die("exit")
+
+        HyperCommGrid.abort = abort_then_die  # type: ignore[method-assign]
+    elif point == "reform":
+        recovery.reform_world = die  # type: ignore[attr-defined]
+    elif point == "recreate":
+        HyperCommGrid._recreate = die  # type: ignore[method-assign]
+    elif point == "commit":
+        import hypergrid.agreement.barrier as barrier
+
+        real_run = barrier.Barrier.run
+
+        def run(self: Any) -> None:
+            if self.prefix.startswith("hypergrid/elastic/") and self.prefix.endswith("/commit"):
+                _die("exit")
+            real_run(self)
+
+        barrier.Barrier.run = run  # type: ignore[method-assign]
+
+
+def stopped_and_resumed(victim: int) -> dict[str, Any]:
+    """``victim`` is SIGSTOPped in a step; the others find it by the probe of their waits and recover without it.
+
+    The new world's rank 0 then resumes the victim (SIGCONT), which must get an error from each grid call it
+    makes, never a result.
+    """
+    grid = _grid()
+    rank = dist.get_rank()
+    out: dict[str, Any] = {"old_rank": rank}
+    if rank == victim:
+        _base().set("test/stopped", str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+        for attempt in ("all_reduce", "shrink", "create_pg"):  # resumed: the others went on without it
+            try:
+                if attempt == "all_reduce":
+                    out["result"] = _step(grid)
+                elif attempt == "shrink":
+                    grid.shrink(timeout_s=5.0)
+                    out["shrunk"] = True
+                else:
+                    grid.create_pg("tp", tag="late")
+                    out["created"] = True
+            except HyperGridError as error:
+                out[attempt] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+        return out
+    time.sleep(0.3)
+    try:
+        _step(grid)
+        out["no_failure"] = True
+        return out
+    except RankFailure as failure:
+        out["dead"] = failure.dead
+    regrid = grid.shrink(dim="dp", timeout_s=10.0)
+    out["regrid"] = {"dead": list(regrid.dead), "retired": regrid.retired}
+    if not regrid.retired:
+        out["sums"] = [_step(regrid.grid) for _ in range(2)]
+        if regrid.rank == 0:
+            os.kill(int(_base().get("test/stopped").decode()), signal.SIGCONT)
+        out["sums"].append(_step(regrid.grid))
+    return out
+
+
+def stopped_in_a_commit(victim: int) -> dict[str, Any]:
+    """``victim`` is SIGSTOPped in the commit of a guarded creation; the others fail the creation naming it.
+
+    A survivor then resumes it (SIGCONT): its ``create_pg`` must raise, never return a group, so that no two
+    ranks leave the creation with different registries.
+    """
+    import hypergrid.agreement.guard as guard
+
+    grid = HyperCommGrid([2, dist.get_world_size() // 2], ["tp", "dp"], guard_timeout_s=8.0)
+    base = _base()
+    rank = dist.get_rank()
+    if rank == victim:
+        real = guard.Barrier.run
+
+        def stop_then_run(self: Any) -> None:
+            base.set("test/stopped", str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGSTOP)
+            real(self)
+
+        guard.Barrier.run = stop_then_run  # type: ignore[method-assign]
+    began = time.time()
+    try:
+        group = grid.create_pg("dp")
+        out: dict[str, Any] = {"created": group is not None}
+    except HyperGridError as error:
+        out = {"error": type(error).__name__, "dead": getattr(error, "dead", None)}
+    out["seconds"] = time.time() - began
+    if rank != victim:
+        if rank == 0:
+            os.kill(int(base.get("test/stopped").decode()), signal.SIGCONT)
+        base.wait(["test/victim-done"])
+    else:
+        base.set("test/victim-done", "1")
+    return out
