@@ -17,9 +17,10 @@ rendezvous round, under ``hypergrid/run/<restart>/``:
   waiting, and they fall back together (restart every worker, or stop them
   and fail).
 
-Store operations: one ``add`` per worker failure, two per agent at the end,
-one ``set`` pair per verdict, and one ``wait`` per agent and round (renewed
-once a day): nothing per monitoring tick.
+Store operations: one ``add`` per worker failure, one ``set`` pair per
+verdict, and a handful per agent and round (the watcher's connection and its
+``wait``, renewed once a day; the barrier's ``add``, ``wait`` and ``check``):
+nothing per monitoring tick.
 """
 
 from __future__ import annotations

@@ -206,3 +206,17 @@ def test_two_nodes_the_survivors_on_both_shrink_and_both_agents_succeed(tmp_path
     summary = _summary_lines(errs)
     assert summary[VICTIM].startswith("died by signal SIGKILL")
     assert all(summary[r].startswith("exited 0") for r in (0, 1, 2)), summary
+
+
+def test_a_signalled_launcher_stops_its_workers_and_exits_128_plus_the_signal() -> None:
+    launcher = _start("hypergrid.run", ["--standalone", "--nproc-per-node", "2"], ["--steps", "10000000"])
+    deadline = time.monotonic() + 60
+    while len(_descendants(launcher.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # the workers are in their steps
+    launcher.send_signal(signal.SIGTERM)
+    ((code, _, err),) = _finish(launcher)
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    assert "summary: stopped: the launcher got SIGTERM" in err
+    summary = _summary_lines(err)
+    assert sorted(summary) == [0, 1] and all(line.startswith("stopped by the launcher") for line in summary.values())
