@@ -194,17 +194,18 @@ class MinHealthyAgent(LocalElasticAgent):
         assert health is not None
         if health.below_minimum():
             return "below"
-        for outcome in self._exits():
+        below = False
+        for outcome in self._exits():  # count every failure seen, then decide
             if not outcome.failed:
                 continue
-            crossed = health.record_failure()
+            below = health.record_failure() or below
             report(
                 f"worker rank {outcome.rank} (local rank {outcome.local_rank}, pid {outcome.pid}) "
                 f"{outcome.describe()}; {health.healthy()} of {health.workers} workers of the job healthy, "
-                f"minimum {self.min_healthy}" + ("" if crossed else ": the others keep running")
+                f"minimum {self.min_healthy}" + ("" if below else ": the others keep running")
             )
-            if crossed:
-                return "below"
+        if below:
+            return "below"
         return "done" if len(self.outcomes) == len(self._worker_group.workers) else "running"
 
     def _result(self, state: WorkerState) -> RunResult:
