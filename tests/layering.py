@@ -37,7 +37,12 @@ LAYERS: tuple[Layer, ...] = (
     Layer("base", ("errors", "values"), True, "the exceptions and value checks every layer uses"),
     Layer("layout", ("layout",), True, "rank arithmetic: spec, coordinates, families, keys, node splits, sharing"),
     Layer("cluster", ("cluster",), True, "tiers, presets, calibration, spans, the placement report's pure part"),
-    Layer("launch", ("launch",), False, "local processes (spawn) and joining a launched job (init_from_env)"),
+    Layer(
+        "launch",
+        ("launch",),
+        False,
+        "local processes (spawn), joining a launched job (init_from_env), the hypergrid.run agent",
+    ),
     Layer("binding", ("binding",), False, "torch plumbing: world state, creation strategies, options, keys, GridFacet"),
     Layer("agreement", ("agreement",), False, "the store protocol: requests, the O(1) round, the guard"),
     Layer("ops", ("ops",), False, "what runs on created groups: collectives, pipeline helpers, autograd mappings"),
@@ -46,7 +51,10 @@ LAYERS: tuple[Layer, ...] = (
     Layer("compat", ("compat",), False, "drop-in adapters: Megatron-Core, DeepSpeed, MPU getters"),
     Layer("cli", ("cli",), False, "python -m hypergrid show | plan | demo"),
     Layer(
-        "facade", ("", "__main__", "autograd"), False, "the public names: hypergrid, hypergrid.autograd, the CLI entry"
+        "facade",
+        ("", "__main__", "autograd", "run"),
+        False,
+        "the public names: hypergrid, hypergrid.autograd, the CLI entries (python -m hypergrid, hypergrid.run)",
     ),
 )
 

@@ -35,7 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
+from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
+from torch.distributed.rendezvous import rendezvous
 
 from hypergrid.errors import BackendError, InvalidArgumentError, WorkerError
 from hypergrid.launch import sockets
@@ -83,6 +84,12 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch
     (``enable_stack_dumps``); ``read_stack_dumps`` turns the dumps of a hung
     job into one report.
 
+    The store is torch's ``env://`` rendezvous store. After a torchelastic
+    restart (``TORCHELASTIC_RESTART_COUNT`` > 0) the default group's keys go
+    under a prefix of that restart's own: the agent's store outlives the
+    workers, and the keys a killed worker group left (a guard round cut
+    short) would otherwise meet the restarted group's identical rounds.
+
     Returns:
         The device that collectives should use.
 
@@ -97,12 +104,25 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch
             raise BackendError("backend 'nccl' needs CUDA devices, and torch.cuda.is_available() is False")
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", init_method="env://", timeout=timeout, device_id=device)
+        store, rank, world_size = _env_store(timeout)
+        dist.init_process_group(
+            "nccl", store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device
+        )
         return device
+    store, rank, world_size = _env_store(timeout)
     before = sockets.snapshot()
-    dist.init_process_group(chosen, init_method="env://", timeout=timeout)
+    dist.init_process_group(chosen, store=store, rank=rank, world_size=world_size, timeout=timeout)
     sockets.track(dist.group.WORLD, sockets.opened(before))  # severed if the world fails (a gloo abort)
     return torch.device("cpu")
+
+
+def _env_store(timeout: datetime.timedelta) -> tuple[Any, int, int]:
+    """torch's ``env://`` store, rank and world size; the default group's prefix, one per torchelastic restart."""
+    store, rank, world_size = next(rendezvous("env://", timeout=timeout))
+    store.set_timeout(timeout)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
+    prefix = "default_pg" if restart == "0" else f"default_pg/restart{restart}"  # torch's own prefix at first
+    return PrefixStore(prefix, store), rank, world_size
 
 
 def _worker(

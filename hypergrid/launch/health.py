@@ -1,0 +1,144 @@
+"""The job-wide health count of ``hypergrid.run``, kept on the agents' rendezvous store.
+
+Every agent (one per node) watches its own workers; the minimum-healthy rule
+is job-wide, so the agents share three facts through the store of their
+rendezvous round, under ``hypergrid/run/<restart>/``:
+
+- ``failed``: how many workers of the job have failed (exited non-zero or by
+  a signal). An agent adds 1 per failure it sees (``store.add``, which returns
+  the new total), so the agent whose failure takes the job below the minimum
+  knows it at once.
+- ``verdict``: set by that agent, which then sets ``done`` too.
+- ``arrived`` / ``done``: the end of the round. An agent whose workers have
+  all exited adds itself to ``arrived`` and waits for ``done`` (the exit
+  barrier); the last one to arrive sets ``done``. Every agent also holds a
+  thread blocked on ``done`` (its own store connection, one long ``wait``: no
+  polling), so when a verdict sets it every agent learns at once, running or
+  waiting, and they fall back together (restart every worker, or stop them
+  and fail).
+
+Store operations: one ``add`` per worker failure, one ``set`` pair per
+verdict, and a handful per agent and round (the watcher's connection and its
+``wait``, renewed once a day; the barrier's ``add``, ``wait`` and ``check``):
+nothing per monitoring tick.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from typing import Any
+
+from torch.distributed import DistStoreError
+
+__all__ = ["HealthRound"]
+
+# How long one blocked ``wait`` of the watcher lasts before it waits again (torch logs a warning at each
+# timeout, so a long one; the watcher is a daemon thread, the agent's exit does not wait for it).
+_WATCH_SLICE_S = 86400.0
+
+
+class HealthRound:
+    """The shared count of one rendezvous round (and restart): failures, the verdict, the exit barrier.
+
+    Args:
+        store: the agent's store for this round (torchelastic's ``worker_group.store``).
+        restart: how many restarts the job has made (part of the key prefix, so a
+            restart under a static rendezvous, whose store prefix never changes,
+            starts from a clean count).
+        workers: the job's number of workers.
+        agents: the job's number of agents (nodes).
+        min_healthy: the minimum number of healthy workers.
+
+    Examples:
+        >>> import torch.distributed as dist
+        >>> health = HealthRound(dist.HashStore(), 0, workers=4, agents=1, min_healthy=3)
+        >>> health.record_failure()  # 3 of 4 healthy: still at the minimum
+        False
+        >>> health.record_failure(), health.below_minimum()
+        (True, True)
+    """
+
+    def __init__(self, store: Any, restart: int, *, workers: int, agents: int, min_healthy: int) -> None:
+        self.store = store
+        self.prefix = f"hypergrid/run/{restart}/"
+        self.workers, self.agents, self.min_healthy = workers, agents, min_healthy
+        self.failed = 0  # the job-wide count, as last seen by this agent
+        self.verdict = ""  # the verdict's text once one is known: "<failed> of <workers> workers failed"
+        self._fired = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def _key(self, name: str) -> str:
+        return self.prefix + name
+
+    def healthy(self) -> int:
+        """Workers of the job not known to have failed (running, or exited 0)."""
+        return self.workers - self.failed
+
+    def record_failure(self) -> bool:
+        """Count one failed worker of this agent's; True when that takes the job below the minimum.
+
+        The agent that crosses the line sets the verdict (and releases the
+        exit barrier), so every other agent learns it.
+        """
+        self.failed = int(self.store.add(self._key("failed"), 1))
+        if self.healthy() >= self.min_healthy:
+            return False
+        self.verdict = f"{self.failed} of {self.workers} workers failed"
+        self.store.set(self._key("verdict"), self.verdict)
+        self.store.set(self._key("done"), "verdict")
+        self._fired.set()
+        return True
+
+    def below_minimum(self) -> bool:
+        """Whether any agent has declared the job below the minimum (what the watcher saw, no store call)."""
+        return self._fired.is_set()
+
+    def start_watching(self) -> None:
+        """Start the thread that waits for the round's end (``done``), on a store connection of its own."""
+        if self._watcher is not None:
+            return
+        clone = self.store.clone()
+        self._watcher = threading.Thread(target=self._watch, args=(clone,), name="hypergrid-run-watch", daemon=True)
+        self._watcher.start()
+
+    def _watch(self, store: Any) -> None:
+        while True:
+            try:
+                store.wait([self._key("done")], datetime.timedelta(seconds=_WATCH_SLICE_S))
+            except DistStoreError as error:
+                if "timeout" in str(error).lower():
+                    continue
+                return  # the store is gone (the job is ending): nothing more to learn
+            except Exception:  # a closed connection raises other errors; same meaning
+                return
+            self._settle(store)
+            return
+
+    def _settle(self, store: Any) -> bool:
+        """``done`` is set: was it a verdict? If so, read its text and tell the agent's loop."""
+        if not store.check([self._key("verdict")]):
+            return False
+        try:
+            self.verdict = store.get(self._key("verdict")).decode()
+        except Exception:  # the text is for the report only
+            self.verdict = "another agent's count"
+        self._fired.set()
+        return True
+
+    def stop_watching(self, join_s: float = 5.0) -> bool:
+        """Wait up to ``join_s`` for the watcher to end (it does once ``done`` is set); whether it has."""
+        if self._watcher is None:
+            return True
+        self._watcher.join(join_s)
+        return not self._watcher.is_alive()
+
+    def exit_barrier(self, timeout_s: float) -> str:
+        """Wait until every agent's workers have exited, or a verdict; ``"done"``, ``"verdict"`` or ``"timeout"``."""
+        if self.store.add(self._key("arrived"), 1) >= self.agents:
+            self.store.set(self._key("done"), "all")
+        try:
+            self.store.wait([self._key("done")], datetime.timedelta(seconds=timeout_s))
+        except DistStoreError:
+            return "timeout"
+        return "verdict" if self._settle(self.store) else "done"

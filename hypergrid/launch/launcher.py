@@ -1,0 +1,216 @@
+"""``python -m hypergrid.run``: torchrun's command line, run by an agent that keeps the survivors running.
+
+The command line is torchrun's own parser (``torch.distributed.run``), so every
+torchrun flag means what it means there, plus ``--min-healthy`` and
+``--exit-barrier-timeout``. The launch is torchrun's too (its launch config,
+rendezvous handler and worker spec), with ``MinHealthyAgent`` in place of
+``LocalElasticAgent``. See docs/launcher.md.
+
+Exit codes: 0 when the run succeeded (every worker that did not fail exited
+0 and the job never fell below ``--min-healthy``, or a restart recovered);
+1 when it failed (below the minimum with no restart left, or the agent
+itself failed); 2 for a bad command line; 128 + N when the launcher was
+stopped by signal N (its workers get the same signal, as under torchrun).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+
+import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+from torch.distributed.elastic import events
+from torch.distributed.elastic.agent.server.api import WorkerSpec
+from torch.distributed.elastic.metrics import initialize_metrics
+from torch.distributed.elastic.metrics.api import MetricsConfig
+from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port
+from torch.distributed.run import config_from_args, get_args_parser, parse_min_max_nnodes
+
+from hypergrid.errors import InvalidArgumentError
+from hypergrid.launch.agent import MinHealthyAgent, report
+
+__all__ = ["DEFAULT_EXIT_BARRIER_TIMEOUT_S", "configure", "launch", "main", "parser"]
+
+#: How long an agent whose workers have all exited waits for the others' (a day: see docs/launcher.md).
+DEFAULT_EXIT_BARRIER_TIMEOUT_S = 86400.0
+
+_USAGE, _FAILED, _SUCCEEDED = 2, 1, 0
+
+
+def parser() -> argparse.ArgumentParser:
+    """torchrun's argument parser with hypergrid.run's two flags added.
+
+    Examples:
+        >>> args = parser().parse_args(["--standalone", "--nproc-per-node", "4", "train.py", "--lr", "0.1"])
+        >>> args.min_healthy, args.nproc_per_node, args.training_script, args.training_script_args
+        (1, '4', 'train.py', ['--lr', '0.1'])
+    """
+    result = get_args_parser()
+    result.prog = "python -m hypergrid.run"
+    result.description = (
+        "torchrun whose agent keeps the surviving workers running when one dies: it restarts "
+        "(or stops) them only when fewer than --min-healthy workers of the job are healthy. "
+        "Every torchrun flag works as under torchrun. See docs/launcher.md."
+    )
+    ours = result.add_argument_group("hypergrid.run")
+    ours.add_argument(
+        "--min-healthy",
+        "--min_healthy",
+        type=int,
+        default=1,
+        help="the job-wide minimum of healthy workers (not failed: running or exited 0); below it every "
+        "worker is restarted (--max-restarts allowing) or stopped and the run fails. Default: 1 (the "
+        "workers decide: a grid that cannot shrink raises on every survivor, and they exit non-zero)",
+    )
+    ours.add_argument(
+        "--exit-barrier-timeout",
+        "--exit_barrier_timeout",
+        type=float,
+        default=DEFAULT_EXIT_BARRIER_TIMEOUT_S,
+        help="seconds an agent whose workers have all exited waits for the other agents' workers (it may host "
+        f"the store they use). Default: {DEFAULT_EXIT_BARRIER_TIMEOUT_S:g}",
+    )
+    return result
+
+
+def configure(args: argparse.Namespace) -> tuple[LaunchConfig, str, list[str]]:
+    """torchrun's launch config from parsed arguments, with torchrun's defaults for ``--standalone``.
+
+    Raises:
+        InvalidArgumentError: ``--min-healthy`` is below 1 or above the smallest world the job may
+            have (``--nnodes`` minimum x ``--nproc-per-node``), or ``--exit-barrier-timeout`` is not positive.
+
+    Examples:
+        >>> config, program, argv = configure(parser().parse_args(["--standalone", "--nproc-per-node", "2", "t.py"]))
+        >>> config.rdzv_backend, config.min_nodes, config.nproc_per_node, argv[-1]
+        ('c10d', 1, 2, 't.py')
+    """
+    if args.standalone or (args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None):
+        _, max_nodes = parse_min_max_nnodes(args.nnodes)
+        if args.standalone or max_nodes == 1:  # torchrun's rule: one node needs no rendezvous server
+            args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+    config, entrypoint, command_args = config_from_args(args)
+    if not isinstance(entrypoint, str):  # --run-path: torchrun runs the script in its own process
+        raise InvalidArgumentError("hypergrid.run: --run-path is not supported; it runs workers as processes")
+    smallest = config.min_nodes * config.nproc_per_node
+    if not 1 <= args.min_healthy <= smallest:
+        raise InvalidArgumentError(
+            f"hypergrid.run: --min-healthy {args.min_healthy}; expected 1..{smallest} (the smallest world this "
+            f"job may have: --nnodes minimum {config.min_nodes} x --nproc-per-node {config.nproc_per_node})"
+        )
+    if not args.exit_barrier_timeout > 0:
+        raise InvalidArgumentError(
+            f"hypergrid.run: --exit-barrier-timeout {args.exit_barrier_timeout}; expected a positive number of seconds"
+        )
+    return config, entrypoint, [str(arg) for arg in command_args]
+
+
+def launch(
+    config: LaunchConfig,
+    entrypoint: str,
+    args: Sequence[str],
+    *,
+    min_healthy: int = 1,
+    exit_barrier_timeout_s: float = DEFAULT_EXIT_BARRIER_TIMEOUT_S,
+) -> int:
+    """Run ``entrypoint args`` on this node's workers under ``MinHealthyAgent``; the exit code.
+
+    torchrun's ``launch_agent``, with our agent: the same rendezvous handler,
+    worker spec, metrics and events. Prints the summary (``MinHealthyAgent.summary``)
+    on stderr before returning.
+
+    Raises:
+        InvalidArgumentError: the rendezvous backend does not share the agents' store with the
+            workers (``use_agent_store`` False, e.g. ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``):
+            worker rank 0 would host the store and take it with it when it dies.
+    """
+    if not config.run_id:
+        config.run_id = str(uuid.uuid4().int)
+    parameters = RendezvousParameters(
+        backend=config.rdzv_backend,
+        endpoint=config.rdzv_endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        **config.rdzv_configs,
+    )
+    master_addr, master_port = _get_addr_and_port(parameters)
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    handler = rdzv_registry.get_rendezvous_handler(parameters)
+    if not handler.use_agent_store:
+        handler.shutdown()
+        raise InvalidArgumentError(
+            f"hypergrid.run: the rendezvous backend {config.rdzv_backend!r} does not share its store with the "
+            "workers (use_agent_store is False; is TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 set?), so worker rank 0 "
+            "would host the store and take it with it when it dies; use --rdzv-backend c10d or static"
+        )
+    spec = WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        rdzv_handler=handler,
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        master_addr=master_addr,
+        master_port=master_port,
+        local_addr=config.local_addr,
+        event_log_handler=config.event_log_handler,
+        numa_options=config.numa_options,
+        duplicate_stdout_filters=config.duplicate_stdout_filters,
+        duplicate_stderr_filters=config.duplicate_stderr_filters,
+        virtual_local_rank=config.virtual_local_rank,
+    )
+    agent = MinHealthyAgent(
+        spec,
+        config.logs_specs,  # type: ignore[arg-type]  # LaunchConfig fills it in __post_init__
+        min_healthy=min_healthy,
+        exit_barrier_timeout_s=exit_barrier_timeout_s,
+        start_method=config.start_method,
+        log_line_prefix_template=config.log_line_prefix_template,
+        shutdown_timeout=config.shutdown_timeout or 30,
+    )
+    initialize_metrics(MetricsConfig(config.metrics_cfg))
+    close_rendezvous, code = True, _FAILED
+    try:
+        result = agent.run()
+        events.record(agent.get_event_succeeded(), config.event_log_handler)
+        code = _FAILED if result is not None and result.is_failed() else _SUCCEEDED
+    except SignalException as stop:
+        # torchrun leaves the rendezvous open when its agent is signalled, so the job may carry on elsewhere
+        close_rendezvous, code = False, 128 + int(stop.sigval)
+        events.record(agent.get_event_failed(), config.event_log_handler)
+        agent.record_stop(f"stopped: the launcher got {stop.sigval.name}")
+    except Exception as error:
+        events.record(agent.get_event_failed(), config.event_log_handler)
+        agent.record_stop(f"failed: the agent raised {type(error).__name__}: {error}")
+    finally:
+        if close_rendezvous:
+            handler.shutdown()
+    report(agent.summary())
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hypergrid.run [torchrun's flags] [--min-healthy N] SCRIPT [ARGS...]``; the exit code."""
+    args = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        config, entrypoint, command_args = configure(args)
+        return launch(
+            config,
+            entrypoint,
+            command_args,
+            min_healthy=args.min_healthy,
+            exit_barrier_timeout_s=args.exit_barrier_timeout,
+        )
+    except InvalidArgumentError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return _USAGE

@@ -1,0 +1,24 @@
+"""``python -m hypergrid.run``: torchrun's flags, an agent that keeps the surviving workers running.
+
+    python -m hypergrid.run --standalone --nproc-per-node 4 train.py
+
+See ``hypergrid.launch.launcher`` and docs/launcher.md.
+"""
+
+import logging
+import os
+import sys
+
+from hypergrid.launch.launcher import main
+
+__all__ = ["main"]
+
+if __name__ == "__main__":
+    code = main()
+    # Exit without the interpreter's teardown: an agent that gave up waiting (a barrier timeout, a
+    # signal) may leave its watcher thread blocked in a store wait, and a connection that dies during
+    # teardown makes that C++ call abort the process, losing the exit code.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

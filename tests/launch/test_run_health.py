@@ -1,0 +1,137 @@
+"""hypergrid.run without processes: the job-wide count between agents, its command line and its refusals.
+
+``HealthRound`` is played by several "agents" (threads) on one in-memory
+store, as real agents play it on the rendezvous store: the failure count,
+the verdict that reaches every agent through its watcher, the exit barrier.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+from torch.distributed.run import get_args_parser
+
+from hypergrid.errors import InvalidArgumentError
+from hypergrid.launch.health import HealthRound
+from hypergrid.launch.launcher import configure, main, parser
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _agents(count: int, workers: int, min_healthy: int, restart: int = 0) -> list[HealthRound]:
+    store = dist.HashStore()
+    rounds = [HealthRound(store, restart, workers=workers, agents=count, min_healthy=min_healthy) for _ in range(count)]
+    for health in rounds:
+        health.start_watching()
+    return rounds
+
+
+def _eventually(condition: object, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_failures_above_the_minimum_raise_no_verdict_and_the_barrier_lets_everyone_go() -> None:
+    a, b = _agents(2, workers=4, min_healthy=2)
+    assert a.record_failure() is False and b.record_failure() is False  # 2 of 4 healthy: at the minimum
+    assert (a.failed, b.failed) == (1, 2)  # the count is job-wide: b saw a's failure
+    outcomes: list[str] = []
+    waiter = threading.Thread(target=lambda: outcomes.append(a.exit_barrier(30)))
+    waiter.start()
+    time.sleep(0.2)
+    assert outcomes == []  # a waits for b, whose workers still run
+    assert b.exit_barrier(30) == "done"
+    waiter.join(10)
+    assert outcomes == ["done"]
+    assert not a.below_minimum() and not b.below_minimum()
+    assert a.stop_watching() and b.stop_watching()  # ``done`` ended both watchers
+
+
+def test_the_failure_that_crosses_the_minimum_reaches_every_agent() -> None:
+    a, b, c = _agents(3, workers=6, min_healthy=4)
+    assert c.record_failure() is False  # 5 of 6
+    assert a.record_failure() is False  # 4 of 6
+    assert not b.below_minimum()
+    assert b.record_failure() is True  # 3 of 6: below, known to the agent that crossed at once
+    assert b.below_minimum() and b.verdict == "3 of 6 workers failed"
+    assert _eventually(lambda: a.below_minimum() and c.below_minimum())  # through the watchers, no polling
+    assert a.verdict == c.verdict == "3 of 6 workers failed"
+    assert all(health.stop_watching() for health in (a, b, c))
+
+
+def test_a_verdict_releases_an_agent_waiting_in_the_exit_barrier() -> None:
+    a, b = _agents(2, workers=4, min_healthy=4)
+    outcomes: list[str] = []
+    waiter = threading.Thread(target=lambda: outcomes.append(a.exit_barrier(30)))
+    waiter.start()
+    time.sleep(0.2)
+    assert b.record_failure() is True
+    waiter.join(10)
+    assert outcomes == ["verdict"] and a.below_minimum()
+    assert a.stop_watching() and b.stop_watching()
+
+
+def test_the_exit_barrier_gives_up_after_its_timeout() -> None:
+    a, b = _agents(2, workers=2, min_healthy=1)
+    began = time.monotonic()
+    assert a.exit_barrier(0.3) == "timeout"
+    assert time.monotonic() - began >= 0.3
+    assert b.exit_barrier(5) == "done"  # the second arrival still completes the round: the watchers end
+    assert a.stop_watching() and b.stop_watching()
+
+
+def test_each_restart_counts_afresh() -> None:
+    store = dist.HashStore()
+    first = HealthRound(store, 0, workers=2, agents=1, min_healthy=2)
+    assert first.record_failure() is True
+    second = HealthRound(store, 1, workers=2, agents=1, min_healthy=2)  # the same store (static rendezvous)
+    assert not second.below_minimum() and second.healthy() == 2
+    assert second.exit_barrier(5) == "done"
+
+
+def test_every_torchrun_flag_parses_as_under_torchrun() -> None:
+    argv = [
+        "--nnodes", "1:2", "--nproc-per-node", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "host:1234",
+        "--rdzv-id", "job", "--rdzv-conf", "join_timeout=5", "--max-restarts", "2", "--monitor-interval", "0.5",
+        "--role", "trainer", "--log-dir", "/tmp/logs", "--tee", "3", "--local-addr", "127.0.0.1",
+        "--no-python", "--module", "train", "--lr", "0.1",
+    ]  # fmt: skip
+    ours, torchrun = vars(parser().parse_args(argv)), vars(get_args_parser().parse_args(argv))
+    assert {key: ours[key] for key in torchrun} == torchrun
+    assert ours["min_healthy"] == 1 and ours["exit_barrier_timeout"] > 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--min-healthy", "0"], r"--min-healthy 0; expected 1\.\.4"),
+        (["--min-healthy", "5"], r"--min-healthy 5; expected 1\.\.4 .*--nproc-per-node 4"),
+        (["--nnodes", "2:3", "--rdzv-endpoint", "h:1", "--min-healthy", "9"], r"expected 1\.\.8 .*minimum 2"),
+        (["--exit-barrier-timeout", "0"], r"--exit-barrier-timeout 0.0; expected a positive"),
+        (["--run-path"], r"--run-path is not supported"),
+    ],
+)
+def test_bad_flags_are_refused_before_anything_starts(flags: list[str], message: str) -> None:
+    args = parser().parse_args(["--standalone", "--nproc-per-node", "4", *flags, "train.py"])
+    with pytest.raises(InvalidArgumentError, match=message):
+        configure(args)
+
+
+def test_main_answers_a_bad_flag_with_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--standalone", "--nproc-per-node", "2", "--min-healthy", "3", "train.py"]) == 2
+    assert "error: hypergrid.run: --min-healthy 3; expected 1..2" in capsys.readouterr().err
+
+
+def test_a_store_hosted_by_worker_rank_0_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    assert main(["--standalone", "--nproc-per-node", "2", "train.py"]) == 2
+    assert "does not share its store with the workers" in capsys.readouterr().err
