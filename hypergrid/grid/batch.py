@@ -8,9 +8,8 @@ options in one request.
 
 from __future__ import annotations
 
-import inspect
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -33,6 +32,7 @@ from hypergrid.errors import (
     InvalidArgumentError,
     UnexpectedArgumentError,
 )
+from hypergrid.grid.settings import describe, init_kwargs, settings
 from hypergrid.grid.views import BASE_VIEW
 from hypergrid.layout import Dims, GridLayout
 from hypergrid.layout.hierarchy import hierarchical_family, node_size, resolve_scope
@@ -42,34 +42,8 @@ if TYPE_CHECKING:
 
 __all__ = ["GuardedCreation"]
 
-_TIMES = "\u00d7"  # the multiplication sign (U+00D7) between the dims of a grid's short name
-
 #: One family of a batch: its registry key, the layout that enumerates it, its dims in canonical order.
 Plan = tuple[PgKey, GridLayout, tuple[str, ...]]
-
-
-#: Constructor settings that take no part in the guard's request: they change nothing other ranks see.
-LOCAL_SETTINGS = frozenset({"guard_progress_s"})
-#: Constructor arguments that the grid's description already holds.
-_DESCRIBED = frozenset({"shape", "dim_names", "rank_offset"})
-
-
-_SETTING_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _setting_names(cls: type) -> tuple[str, ...]:
-    """The constructor's parameters that must agree across ranks, in signature order."""
-    if cls not in _SETTING_NAMES:
-        parameters = inspect.signature(cls).parameters
-        _SETTING_NAMES[cls] = tuple(name for name in parameters if name not in _DESCRIBED | LOCAL_SETTINGS)
-    return _SETTING_NAMES[cls]
-
-
-def _setting_text(value: object) -> str:
-    """A setting as text equal on every rank that has it equal (mappings in sorted order)."""
-    if isinstance(value, Mapping):
-        return describe_options(value)
-    return repr(value)
 
 
 class GuardedCreation(GridFacet):
@@ -139,15 +113,8 @@ class GuardedCreation(GridFacet):
         return [seen[key] for key in sorted(seen, key=lambda key: order[key])]
 
     def _describe(self) -> str:
-        """The grid in a few characters: ``tp2``, ``dp4`` joined by U+00D7 (``name=size`` after a final digit)."""
-        sizes = (
-            f"{name}={size}" if name[-1].isdigit() else f"{name}{size}"
-            for name, size in zip(self.dim_names, self.shape)
-        )
-        text = _TIMES.join(sizes)
-        if self.rank_offset:
-            text += f" from rank {self.rank_offset}"
-        return text if self.backend is None else f"{text} ({self.backend})"
+        """The grid in a few characters (`hypergrid.grid.settings.describe`)."""
+        return describe(self.dim_names, self.shape, self.rank_offset, self.backend)
 
     def _init_kwargs(self) -> dict[str, Any]:
         """Every constructor argument but the shape, names and offset, as the root grid holds it.
@@ -156,17 +123,11 @@ class GuardedCreation(GridFacet):
         from another (a view, a successor after ``shrink``) keeps every setting,
         including one added later.
         """
-        names = inspect.signature(type(self._root)).parameters
-        return {name: getattr(self._root, name) for name in names if name not in _DESCRIBED}
+        return init_kwargs(self._root)
 
     def _settings(self) -> tuple[tuple[str, str], ...]:
-        """Every constructor setting of the grid, as (name, text): derived from the signature, so none is forgotten.
-
-        The grid's description holds shape, names and offset; settings that
-        change nothing the other ranks see (`LOCAL_SETTINGS`) take no part.
-        """
-        names = _setting_names(type(self._root))
-        return tuple((name, _setting_text(getattr(self._root, name))) for name in names)
+        """Every constructor setting of the grid, as (name, text): derived from the signature, so none is forgotten."""
+        return settings(self._root)
 
     def _guard_round(
         self,

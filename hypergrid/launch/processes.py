@@ -39,7 +39,7 @@ from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined
 from torch.distributed.rendezvous import rendezvous
 
 from hypergrid.errors import BackendError, InvalidArgumentError, WorkerError
-from hypergrid.launch import sockets
+from hypergrid.launch.sockets import opened, snapshot, track
 from hypergrid.launch.stacks import enable_stack_dumps, request_stack_dumps
 from hypergrid.values import check_timeout, is_int
 
@@ -110,9 +110,9 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch
         )
         return device
     store, rank, world_size = _env_store(timeout)
-    before = sockets.snapshot()
+    before = snapshot()
     dist.init_process_group(chosen, store=store, rank=rank, world_size=world_size, timeout=timeout)
-    sockets.track(dist.group.WORLD, sockets.opened(before))  # severed if the world fails (a gloo abort)
+    track(dist.group.WORLD, opened(before))  # severed if the world fails (a gloo abort)
     return torch.device("cpu")
 
 
@@ -152,11 +152,11 @@ def _worker(
         if backend == "nccl":
             device_id = torch.device("cuda", rank % torch.cuda.device_count())
             torch.cuda.set_device(device_id)
-        before = sockets.snapshot()
+        before = snapshot()
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=nprocs, timeout=timeout, device_id=device_id
         )
-        sockets.track(dist.group.WORLD, sockets.opened(before))  # severed if the world fails (a gloo abort)
+        track(dist.group.WORLD, opened(before))  # severed if the world fails (a gloo abort)
         value = fn(*args)
     except BaseException:
         results.put((rank, _FAILED, traceback.format_exc()))
