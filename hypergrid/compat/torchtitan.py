@@ -149,14 +149,23 @@ class TitanMeshes:
 
     def _build(self, ep: int) -> None:
         everything = tuple(reversed(DENSE_DIMS))
-        self.world = self.mesh({"world": everything})
-        dataloading = self.mesh({"pp": "pp", "batch": _BATCH, "cp": "cp", "tp": "tp"})
-        loss = self.mesh({"loss_mesh": (*_BATCH, "cp")})
-        sparse = self.mesh(["pp", "dp_replicate", "efsdp", "ep"])
         if self.spmd_backend == "partial_dtensor":
-            dense = self.mesh({"pp": "pp", "dp_replicate": "dp_replicate", "fsdp": ("dp_shard", "cp"), "tp": "tp"})
+            dense_dims: Any = {"pp": "pp", "dp_replicate": "dp_replicate", "fsdp": ("dp_shard", "cp"), "tp": "tp"}
         else:
-            dense = self.mesh(list(everything))
+            dense_dims = list(everything)
+        requests = [
+            {"world": everything},
+            {"pp": "pp", "batch": _BATCH, "cp": "cp", "tp": "tp"},
+            {"loss_mesh": (*_BATCH, "cp")},
+            ["pp", "dp_replicate", "efsdp", "ep"],
+            dense_dims,
+            {"dp": _BATCH, "cp": "cp", "tp": "tp"},
+            ["dp_replicate", "efsdp", "ep"],
+        ]
+        # Every family of every mesh in one creation step per factorization (one guard round each).
+        self.world, dataloading, loss, sparse, dense, fwdbwd, sparse_fwdbwd = self.grid.to_device_meshes(
+            requests, self.device_type
+        )
         self.global_meshes: dict[str, Any] = {
             "dataloading": dataloading,
             "loss": loss,
@@ -178,11 +187,10 @@ class TitanMeshes:
         else:
             self.single_axis["dp_shard"] = dense["dp_shard"]
         if self.spmd_backend == "spmd_types":
-            fwdbwd = self.mesh({"dp": _BATCH, "cp": "cp", "tp": "tp"})
             self.global_meshes["spmd_dense_for_fwdbwd"] = fwdbwd
             self.single_axis["dp"] = fwdbwd["dp"]
             if ep > 1:
-                self.global_meshes["spmd_sparse_for_fwdbwd"] = self.mesh(["dp_replicate", "efsdp", "ep"])
+                self.global_meshes["spmd_sparse_for_fwdbwd"] = sparse_fwdbwd
 
     def install(self, parallel_dims: Any) -> Any:
         """Put these meshes in a torchtitan ``ParallelDims`` (0.3's fields) and return the world mesh.

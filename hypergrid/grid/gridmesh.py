@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
 from torch.distributed.device_mesh import DeviceMesh
 
-from hypergrid.binding.registry import PgKey
+from hypergrid.binding.registry import PgKey, member_or_none
 from hypergrid.errors import DimsError, InvalidArgumentError, RankError
 from hypergrid.layout.meshspec import Axis, MeshPlan, Space, axis_signature, family_of_axis
 
@@ -192,16 +192,34 @@ class MeshSource:
             )
         return found
 
+    def create(self, families: Sequence[Family]) -> None:
+        """Create the families not created yet: one ``create_pgs`` (one guard round) per factorization.
+
+        Collective like ``create_pgs``; every rank sees the same registry, so every rank batches the same.
+        """
+        grid = self.grid
+        missing: dict[str, dict[PgKey, list[str]]] = {}
+        scheduled: set[PgKey] = set()
+        for view, dims in families:
+            key = grid._key(list(dims), view, None, None, None)
+            if key not in grid._pgs and key not in scheduled:
+                scheduled.add(key)
+                missing.setdefault(view, {})[key] = list(dims)
+        for view, batch in missing.items():
+            grid.create_pgs(list(batch.values()), view=view)
+
     def _groups(self, families: Sequence[Family], call: str) -> list[tuple[PgKey, dist.ProcessGroup]]:
         """The caller's group of each family, created on first use (every rank creates before any refuses)."""
         grid = self.grid
-        groups = [grid.pg(list(dims), view=view) for view, dims in families]
+        self.create(families)
+        keys = [grid._key(list(dims), view, None, None, None) for view, dims in families]
+        groups = [member_or_none(grid._pgs[key]) for key in keys]
         if any(group is None for group in groups):
             raise RankError(
                 f"{call}: rank {dist.get_rank()} is outside the grid of shape {grid.shape} {grid.dim_names} "
                 f"(ranks {grid.rank_offset}..{grid.rank_offset + grid.size - 1}); only the grid's ranks hold its meshes"
             )
-        return [(grid._key(list(dims), view, None, None, None), group) for (view, dims), group in zip(families, groups)]
+        return list(zip(keys, groups))  # type: ignore[arg-type]
 
     def _register(self, entry: Hashable | None, held: list[tuple[PgKey, dist.ProcessGroup]]) -> None:
         """Put the groups in the root's group registry (torch looks them up there); remember who holds them."""
@@ -227,9 +245,17 @@ class MeshSource:
         self._register(entry, held)
         return mesh
 
-    def export(self, plan: MeshPlan) -> GridMesh:
-        """The mesh of ``plan``, built on the first request and the same object afterwards."""
-        request = tuple(zip(plan.names, plan.spaces, plan.members))
+    def export(self, plans: Sequence[MeshPlan]) -> list[GridMesh]:
+        """The mesh of each plan, built on the first request and the same object afterwards.
+
+        The families of every new mesh are created first, together (``create``).
+        """
+        new = [plan for plan in plans if _request(plan) not in self.meshes]
+        self.create([family for plan in new for family in zip(plan.spaces, plan.members)])
+        return [self._export(plan) for plan in plans]
+
+    def _export(self, plan: MeshPlan) -> GridMesh:
+        request = _request(plan)
         if request in self.meshes:
             return self.meshes[request]
         families = dict(zip(plan.names, zip(plan.spaces, plan.members)))
@@ -269,6 +295,11 @@ class MeshSource:
     @property
     def empty(self) -> bool:
         return not self.holds
+
+
+def _request(plan: MeshPlan) -> Hashable:
+    """What identifies an export: each mesh dim's name, factorization and dims."""
+    return tuple(zip(plan.names, plan.spaces, plan.members))
 
 
 class MeshSources:

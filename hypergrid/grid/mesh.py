@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hypergrid.binding.facet import GridFacet
+from hypergrid.errors import DimsError
 from hypergrid.layout.meshspec import MeshDims, MeshPlan
 
 if TYPE_CHECKING:
@@ -83,8 +85,36 @@ class MeshExport(GridFacet):
             True
             >>> grid.destroy(); dist.destroy_process_group()
         """
+        return self.to_device_meshes([dims], device_type)[0]
+
+    def to_device_meshes(self, dims_list: Sequence[MeshDims], device_type: str = "cpu") -> list[Any]:
+        """``to_device_mesh`` of each element of ``dims_list``, their new families created in one step.
+
+        The families none of the meshes has yet are created with one
+        ``create_pgs`` call (one guard round) per factorization, instead of one
+        creation per family: what a framework that builds many meshes at start-up
+        wants. Collective like ``to_device_mesh``.
+
+        Raises:
+            DimsError: ``dims_list`` is not a list, or as ``to_device_mesh`` for an element.
+            (and every other error of ``to_device_mesh``)
+
+        Examples:
+            >>> import torch.distributed as dist
+            >>> from hypergrid import HyperCommGrid
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> grid = HyperCommGrid([1, 1], ["tp", "dp"])
+            >>> dp, both = grid.to_device_meshes([["dp"], {"batch": ("dp", "tp")}])
+            >>> both is grid.to_device_mesh({"batch": ("dp", "tp")}), dp.mesh_dim_names
+            (True, ('dp',))
+            >>> grid.destroy(); dist.destroy_process_group()
+        """
+        if not isinstance(dims_list, (list, tuple)):
+            raise DimsError(
+                f"to_device_meshes takes a list of mesh dims (each as to_device_mesh takes), got {dims_list!r}"
+            )
         views = self._root._views
         others = [(name, view.layout) for name, view in views.items() if name != self._view_name]
-        plan = MeshPlan(self.layout, dims, others, space=self._view_name)
+        plans = [MeshPlan(self.layout, dims, others, space=self._view_name) for dims in dims_list]
         self._require_initialized("to_device_mesh")
-        return self._mesh_sources().source(device_type).export(plan)
+        return self._mesh_sources().source(device_type).export(plans)
