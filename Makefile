@@ -8,7 +8,7 @@ PIP_TORCH_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hypergrid-installed
 
-.PHONY: demo test lint docs bench clean
+.PHONY: demo test lint docs bench clean test-frameworks bench-frameworks
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,31 @@ bench: $(STAMP)
 		--json bench-results/allreduce.json --plot bench-results/allreduce_busbw.png
 	$(BIN)/python benchmarks/creation.py --world 4,8,16 --guard on,off --json bench-results/creation.json
 	$(BIN)/python benchmarks/creation.py --fake --world 1024,16384,65536 --json bench-results/creation_fake.json
+
+# The optional framework tier: torchtitan and DeepSpeed in their own environment (.venv/frameworks), the
+# oracle tests of tests/frameworks (hypergrid's meshes and grids against the frameworks' own) on CPU and gloo.
+# torchtitan 0.3.0 is installed without its dependencies (datasets, tokenizers, ... are not needed for meshes),
+# plus the two it imports for them; DeepSpeed builds no ops at install (DS_BUILD_OPS=0).
+FW_VENV ?= $(VENV)/frameworks
+FW_BIN := $(FW_VENV)/bin
+FW_STAMP := $(FW_VENV)/.hypergrid-frameworks-installed
+
+$(FW_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(FW_VENV)
+	$(FW_BIN)/python -m pip install --quiet $(PIP_TORCH_ARGS) "$(TORCH_SPEC)"
+	$(FW_BIN)/python -m pip install --quiet -e ".[test]"
+	$(FW_BIN)/python -m pip install --quiet --no-deps "torchtitan==0.3.0"
+	$(FW_BIN)/python -m pip install --quiet "spmd_types==0.2.3" "tyro==1.0.17"
+	DS_BUILD_OPS=0 $(FW_BIN)/python -m pip install --quiet --no-build-isolation "deepspeed==0.19.8"
+	touch $(FW_STAMP)
+
+test-frameworks: $(FW_STAMP)
+	DS_ACCELERATOR=cpu $(FW_BIN)/python -m pytest -p no:cacheprovider tests/frameworks
+
+# The creation-cost comparison of docs/performance.md (torchtitan's build_mesh against hypergrid's).
+bench-frameworks: $(FW_STAMP)
+	mkdir -p bench-results
+	$(FW_BIN)/python benchmarks/torchtitan_meshes.py --repeats 5 --json bench-results/torchtitan_meshes.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
