@@ -208,6 +208,10 @@ def process_groups(
     view ``expert`` (``expt_tp``/``etp``, ``ep``, ``expt_dp``/``edp``,
     ``egtp_remat``, ``pp``); without one, Megatron's (ep 1, etp = tp) is
     registered as ``"megatron.expert"`` when the grid's dims are Megatron's.
+    With sharing on (the default), when every expert family has the members
+    of one of the grid's, the expert fields are those grid families and the
+    view needs no batch of its own (``grid.pg(dims, view="expert")`` makes a
+    view family later, sharing the object).
 
     Each field is the family Megatron builds it from (``mp`` tp-gtp_remat-pp,
     ``tp_dp_cp`` tp-gtp_remat-dp-cp, ``dp_cp_gtp_remat`` gtp_remat-dp-cp, ...;
@@ -253,8 +257,10 @@ def process_groups(
         >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         >>> pgs = process_groups(tp=1, pp=1, ep=1, all_gather=True)
         >>> grid = grid_of(pgs)
-        >>> pgs.tp is grid.get_pg("tp"), pgs.ep is grid.get_pg("ep", view="expert"), pgs.intra_dp_cp is pgs.dp_cp
+        >>> pgs.tp is grid.get_pg("tp"), pgs.intra_dp_cp is pgs.dp_cp, pgs.expt_dp is grid.get_pg("dp")
         (True, True, True)
+        >>> pgs.ep is grid.pg("ep", view="expert")  # the expert view shares it (made on first use: collective)
+        True
         >>> pgs.dp_cp_ag is grid.get_pg("dp-cp", tag="ag"), pgs.expt_dp_ag, pgs.inter_dist_opt
         (True, None, None)
         >>> destroy_process_groups(pgs); dist.destroy_process_group()
@@ -280,9 +286,11 @@ def process_groups(
         root.view(shape, names, shared, name=name)
     # Every batch carries the whole request as its groups' description, which the guard compares: ranks that
     # ask for different collections fail in the first round alike, not in a later batch or enumeration alone.
+    expert_layout = None if plan.expert is None else root._rank_view(plan.expert)
     request = (
-        f"megatron(expert={plan.expert!r}, distributed_optimizer_instances={distributed_optimizer_instances!r}, "
-        f"hierarchical_cp={hierarchical_cp!r}, all_gather={all_gather!r}, embedding={embedding!r})"
+        f"megatron(expert={plan.expert!r} {expert_layout and (expert_layout.shape, expert_layout.dim_names)}, "
+        f"distributed_optimizer_instances={distributed_optimizer_instances!r}, hierarchical_cp={hierarchical_cp!r}, "
+        f"all_gather={all_gather!r}, embedding={embedding!r})"
     )
     label = root.group_options.get("group_desc")
     values = _create(root, plan, request if label is None else f"{label} {request}")

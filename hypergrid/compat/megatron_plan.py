@@ -5,20 +5,23 @@ fills each field, which views hypergrid registers for the fields that are
 families of another factorization (``megatron.expert`` when no expert view is
 given, ``megatron.dist_opt``, ``megatron.expert_dist_opt``, ``megatron.hcp``,
 ``megatron.single``), which fields are another field's object, and which
-groups are no family at all (made by enumeration, outside the grid).
+groups are no family at all (made by enumeration, outside the grid). With
+sharing on, expert families that all have the members of grid families are
+those families (the expert view then needs no batch of its own).
 
 Examples:
     >>> from hypergrid import HyperCommGrid
     >>> grid = HyperCommGrid([2, 1, 2, 2], ["tp", "cp", "dp", "pp"])
     >>> plan = plan_fields(grid, None, instances=2)
     >>> plan.families["mp"], plan.families["expt_dp"], plan.families["intra_dp_cp"]
-    ((None, ('tp', 'pp')), ('megatron.expert', ('edp',)), ('megatron.dist_opt', ('dp_intra',)))
+    ((None, ('tp', 'pp')), (None, ('dp',)), ('megatron.dist_opt', ('dp_intra',)))
     >>> sorted(plan.views), plan.same["dp_cp_gtp_remat"], plan.outside
     (['megatron.dist_opt', 'megatron.expert', 'megatron.expert_dist_opt'], 'dp_cp', {})
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,6 +38,8 @@ from hypergrid.compat.megatron_layout import MEGATRON_DIMS, dense_and_expert, po
 from hypergrid.errors import GridSpecError
 from hypergrid.grid import HyperCommGrid
 from hypergrid.grid.views import BASE_VIEW
+from hypergrid.layout import GridLayout
+from hypergrid.layout.economy import PartitionSignature, partition_signature
 
 __all__ = ["Family", "Plan", "plan_fields"]
 
@@ -156,6 +161,8 @@ def plan_fields(
     if expert is not None:
         for name, dims in EXPERT_FAMILIES.items():
             plan.families[name] = views.family(expert, dims)
+    if expert is not None and root.share_groups:
+        _fold_expert(views, expert)
     gtp = views.size(None, views.spelled(None, "gtp_remat"))
     egtp = views.size(expert, views.spelled(expert, "egtp_remat")) if expert is not None else 1
     for name, (same, unit) in SAME_WHEN_UNIT.items():
@@ -171,6 +178,30 @@ def plan_fields(
         if ep > 1:  # Megatron makes the expert twin only with expert parallelism
             plan.tagged["expt_dp_ag"] = plan.families["expt_dp"]
     return plan
+
+
+def _fold_expert(views: _Views, expert: str) -> None:
+    """Where every expert family has the members of one of the grid's, take the grid's: no batch for the view.
+
+    With sharing on they would be those group objects anyway; the view's batch
+    would only cost a guard round (the request names the view's layout, so the
+    ranks still agree on it).
+    """
+    plan, root = views.plan, views.root
+    shape, names = views.spec(expert)
+    layout = GridLayout(shape, names, root.rank_offset)
+    dense: dict[PartitionSignature, tuple[str, ...]] = {}
+    for count in range(len(root.dim_names), 0, -1):  # fewest dims last: they win
+        for dims in itertools.combinations(root.dim_names, count):
+            dense[partition_signature(root.layout, dims)] = dims
+    folded = {}
+    for name, (view, dims) in plan.families.items():
+        if view == expert:
+            same = dense.get(partition_signature(layout, dims))
+            if same is None:
+                return
+            folded[name] = (None, same)
+    plan.families.update(folded)
 
 
 def _distributed_optimizer(views: _Views, instances: int, gtp: int, egtp: int) -> None:

@@ -1,6 +1,6 @@
 """An independent reference of Megatron-Core 0.19's process groups, written from its documented algorithms.
 
-Nothing here imports hypergrid. Sources (megatron/core/parallel_state.py, read,
+Nothing here imports hypergrid (``members`` reads torch's groups). Sources (megatron/core/parallel_state.py, read,
 not copied): ``RankGenerator`` and the docstring of
 ``generate_masked_orthogonal_rank_groups`` (rank = sum of coordinate times the
 prefix product of the sizes in order; a group varies the masked coordinates,
@@ -134,6 +134,17 @@ def reference(
     out["dp_cp_ag"] = out["dp_cp"] if all_gather else None
     out["expt_dp_ag"] = out["expt_dp"] if all_gather and ep > 1 else None
     return out
+
+
+def members(value: Any) -> Any:
+    """What a collection's field holds on this rank, as sorted ranks (a list per level for hcp; None stays)."""
+    import torch.distributed as dist
+
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [members(group) for group in value]
+    return sorted(dist.get_process_group_ranks(value))
 
 
 def mine(field_groups: Any, rank: int) -> Any:

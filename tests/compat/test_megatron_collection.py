@@ -30,15 +30,7 @@ from hypergrid.compat.megatron import (
     setup_model_state,
 )
 from hypergrid.errors import DependencyError, GridSpecError, GroupNotFoundError, UnexpectedArgumentError
-from tests.compat.megatron_reference import accepted, mine, reference
-
-
-def _members(value: Any) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, list):
-        return [_members(group) for group in value]
-    return sorted(dist.get_process_group_ranks(value))
+from tests.compat.megatron_reference import accepted, members, mine, reference
 
 
 def _fields_at(rank: int, world: int, **kwargs: Any) -> dict[str, Any]:
@@ -46,7 +38,7 @@ def _fields_at(rank: int, world: int, **kwargs: Any) -> dict[str, Any]:
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         pgs = process_groups(**kwargs)
-        out = {name: _members(getattr(pgs, name)) for name in PG_FIELDS}
+        out = {name: members(getattr(pgs, name)) for name in PG_FIELDS}
         destroy_process_groups(pgs)
         return out
     finally:
@@ -128,7 +120,7 @@ def test_same_objects_where_megatron_hands_out_one_even_without_sharing(world8: 
     pgs = process_groups(tp=2, pp=2, share_groups=False)
     assert pgs.dp_cp_gtp_remat is pgs.dp_cp and pgs.intra_dp_cp is pgs.dp_cp
     assert pgs.expt_dp_gtp_remat is pgs.expt_dp and pgs.intra_expt_dp is pgs.expt_dp
-    assert pgs.embd is not pgs.pp and _members(pgs.embd) == _members(pgs.pp) == [3, 7]  # sharing off: its own
+    assert pgs.embd is not pgs.pp and members(pgs.embd) == members(pgs.pp) == [3, 7]  # sharing off: its own
     assert pgs.inter_dist_opt is None and pgs.hcp is None and pgs.dp_cp_ag is None and pgs.expt_dp_ag is None
     assert type(pgs) is collection_class()
     destroy_process_groups(pgs)
@@ -136,7 +128,7 @@ def test_same_objects_where_megatron_hands_out_one_even_without_sharing(world8: 
 
 def test_sharing_gives_embedding_groups_from_the_grid(world8: None) -> None:
     pgs = process_groups(tp=2, pp=2)
-    assert pgs.embd is pgs.pp and _members(pgs.pos_embd) == [3]  # rank 3 is on the first stage (of [3, 7])
+    assert pgs.embd is pgs.pp and members(pgs.pos_embd) == [3]  # rank 3 is on the first stage (of [3, 7])
     grid = grid_of(pgs)
     assert grid.dim_names == ["tp", "gtp_remat", "cp", "dp", "pp"] and grid.shape == [2, 1, 1, 2, 2]
     assert grid._views["expert"].dim_names == ["etp", "ep", "egtp_remat", "edp", "pp"]
@@ -192,8 +184,8 @@ def test_grid_form_refuses_sizes_and_keeps_working(world8: None) -> None:
     with pytest.raises(UnexpectedArgumentError, match=r"\['pp', 'tp'\] belong to the one-call form"):
         process_groups(grid, tp=2, pp=2)
     pgs = process_groups(grid)  # no expert view: Megatron's (ep 1, etp = tp), so DDP needs no fallback
-    assert _members(pgs.expt_dp) == _members(pgs.dp_cp) == [1, 3] and _members(pgs.ep) == [3]
-    assert _members(pgs.intra_dist_opt) == list(range(8)) and pgs.gtp_remat is pgs.cp  # single-rank families
+    assert members(pgs.expt_dp) == members(pgs.dp_cp) == [1, 3] and members(pgs.ep) == [3]
+    assert members(pgs.intra_dist_opt) == list(range(8)) and pgs.gtp_remat is pgs.cp  # single-rank families
     assert "megatron.expert" in grid._views
     destroy_process_groups(pgs)
 

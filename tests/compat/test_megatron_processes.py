@@ -102,12 +102,14 @@ def test_one_call_fields_on_every_rank_and_its_batches(one_call: list[dict[str, 
         for field, got in result[name]["fields"].items():
             assert got == _summary(mine(expected[field], rank)), (rank, field)
     batches = one_call[0][name]["batches"]
-    if name == "moe":  # one guarded batch for the grid, one for the expert view
+    if name == "moe":  # one guarded batch: the expert families are the grid's (sharing)
+        assert batches == [(None, None)]
+    elif name == "moe_view":  # one for the grid, one for the expert view
         assert batches == [(None, None), ("expert", None)]
-    else:  # and one per view each feature needs, then the "ag" twins of the grid and of the expert view
+    else:  # and one per view each feature needs, then the "ag" twins (both the grid's families here)
         assert batches == [
-            (None, None), ("expert", None), ("megatron.dist_opt", None), ("megatron.expert_dist_opt", None),
-            ("megatron.hcp", None), (None, "ag"), ("expert", "ag"),
+            (None, None), ("megatron.dist_opt", None), ("megatron.expert_dist_opt", None), ("megatron.hcp", None),
+            (None, "ag"),
         ]  # fmt: skip
     assert all(result[name]["batches"] == batches for result in one_call)
 
@@ -118,6 +120,8 @@ def test_ranks_that_ask_for_different_collections_all_fail_in_the_first_round(
     for result in one_call:
         message = result["desync"]
         assert message is not None and "all_gather=True" in message and "all_gather=False" in message
+        message = result["desync_expert"]  # the grid families agree; the expert layout in the request does not
+        assert message is not None and "[1, 2, 1, 4, 1]" in message and "[2, 1, 1, 4, 1]" in message
 
 
 def _row_and_column(mesh: list[list[int]], rank: int) -> tuple[list[int], list[int]]:

@@ -69,7 +69,8 @@ def _batches() -> Iterator[list[tuple[str | None, str | None]]]:
 
 
 ONE_CALLS: dict[str, dict[str, Any]] = {
-    "moe": dict(tp=2, pp=2, ep=2, etp=1),
+    "moe": dict(tp=2, pp=2, ep=2, etp=1),  # every expert family has a dense family's members
+    "moe_view": dict(tp=2, ep=4, etp=1),  # ep 4 spans tp and half of dp: the expert view's own families
     "everything": dict(
         tp=2, cp=2, ep=2, etp=1, distributed_optimizer_instances=2, hierarchical_cp=[2], all_gather=True
     ),
@@ -88,9 +89,17 @@ def megatron_one_call() -> dict[str, Any]:
             "communicators": len(grid_of(pgs).communicators()),
         }
         destroy_process_groups(pgs)
-    try:  # one rank asks for the all-gather twins, the others do not: all of them fail in the first round
-        process_groups(tp=2, pp=2, all_gather=dist.get_rank() == 7, guard_timeout_s=60.0)
-        out["desync"] = None
-    except DesyncError as error:
-        out["desync"] = str(error)
+    last = dist.get_rank() == 7
+    disagreements = {
+        # One rank asks for the all-gather twins, the others do not.
+        "desync": dict(tp=2, pp=2, all_gather=last),
+        # ep and etp swapped on one rank: both fold into the same grid families, only the expert view differs.
+        "desync_expert": dict(tp=2, ep=2 if last else 1, etp=1 if last else 2),
+    }
+    for name, sizes in disagreements.items():
+        try:  # all of them fail in the first round
+            process_groups(**sizes, guard_timeout_s=60.0)
+            out[name] = None
+        except DesyncError as error:
+            out[name] = str(error)
     return out
