@@ -3,10 +3,10 @@
 - Layout (``hypergrid.compat.megatron_layout``): ``grid_from_order``,
   ``RankGenerator``, ``megatron_tokens``, ``moe_grids``.
 - The collection (``hypergrid.compat.megatron_collection``, planned by
-  ``megatron_plan`` from the table in ``megatron_fields``): ``process_groups``
+  ``megatron_plan`` from the tables in ``megatron_fields``): ``process_groups``
   in one call from sizes or from a grid, ``grid_of``, ``destroy_process_groups``,
-  ``process_group_families``, ``collection_class``, the stand-in
-  ``ProcessGroupCollection`` and ``PG_FIELDS``.
+  ``process_group_families``; ``collection_class``, the stand-in
+  ``ProcessGroupCollection`` and ``PG_FIELDS`` (``megatron_fields``).
 - Model state (``hypergrid.compat.megatron_state``): ``setup_model_state``
   makes the global memory buffer and seeds the RNG tracker from the
   collection's ranks, what ``initialize_model_parallel`` does besides groups.
@@ -23,16 +23,10 @@ Examples:
 
 from __future__ import annotations
 
-from hypergrid.compat.megatron_collection import (
-    ProcessGroupCollection,
-    collection_class,
-    destroy_process_groups,
-    grid_of,
-    process_group_families,
-    process_groups,
-)
-from hypergrid.compat.megatron_fields import PG_FIELDS
+from hypergrid.compat.megatron_collection import destroy_process_groups, grid_of, process_groups
+from hypergrid.compat.megatron_fields import PG_FIELDS, ProcessGroupCollection, collection_class
 from hypergrid.compat.megatron_layout import RankGenerator, grid_from_order, megatron_tokens, moe_grids
+from hypergrid.compat.megatron_plan import process_group_families
 from hypergrid.compat.megatron_state import setup_model_state
 
 __all__ = [

@@ -13,7 +13,6 @@ batches, from the agreed layout. ``destroy_process_groups(pgs)`` releases both.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import weakref
 from collections.abc import Sequence
@@ -22,76 +21,22 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.compat.megatron_fields import PG_FIELDS, embedding_ranks, present
+from hypergrid.compat.megatron_fields import (
+    PG_FIELDS,
+    collection_class,
+    embedding_ranks,
+    present,
+)
 from hypergrid.compat.megatron_layout import DEFAULT_ORDER, build_grids
 from hypergrid.compat.megatron_plan import Family, Plan, plan_fields
-from hypergrid.errors import GroupNotFoundError, UnexpectedArgumentError
+from hypergrid.errors import GroupNotFoundError, NotInitializedError, UnexpectedArgumentError
 from hypergrid.grid import HyperCommGrid
 from hypergrid.grid.views import BASE_VIEW
 
-__all__ = [
-    "ProcessGroupCollection",
-    "collection_class",
-    "destroy_process_groups",
-    "grid_of",
-    "process_group_families",
-    "process_groups",
-]
+__all__ = ["destroy_process_groups", "grid_of", "process_groups"]
 
 #: The tag of the all-gather twins (``dp_cp_ag``, ``expt_dp_ag``).
 AG_TAG = "ag"
-
-
-@dataclass
-class ProcessGroupCollection:
-    """Megatron-Core 0.19's ``ProcessGroupCollection`` fields, for where megatron-core is not installed.
-
-    Every field holds the calling rank's group (``hcp``: a list, one per level),
-    or ``None`` (not a member, or not built).
-    """
-
-    tp: Any = None
-    pp: Any = None
-    mp: Any = None
-    embd: Any = None
-    pos_embd: Any = None
-    cp: Any = None
-    tp_cp: Any = None
-    hcp: Any = None
-    ep: Any = None
-    expt_tp: Any = None
-    tp_ep: Any = None
-    tp_ep_pp: Any = None
-    tp_ep_pp_with_egtp_remat: Any = None
-    tp_dp_cp: Any = None
-    dp: Any = None
-    dp_cp: Any = None
-    dp_cp_gtp_remat: Any = None
-    dp_cp_ag: Any = None
-    gtp_remat: Any = None
-    expt_gtp_remat: Any = None
-    expt_dp: Any = None
-    expt_dp_gtp_remat: Any = None
-    expt_dp_ag: Any = None
-    intra_dp_cp: Any = None
-    intra_expt_dp: Any = None
-    inter_dist_opt: Any = None
-    intra_dist_opt: Any = None
-
-
-def collection_class() -> type:
-    """Megatron-Core's ``ProcessGroupCollection`` when megatron-core imports, else hypergrid's stand-in.
-
-    Examples:
-        >>> collection_class().__name__
-        'ProcessGroupCollection'
-    """
-    try:
-        module = importlib.import_module("megatron.core.process_groups_config")
-    except ImportError:
-        return ProcessGroupCollection
-    real: type = module.ProcessGroupCollection
-    return real
 
 
 @dataclass
@@ -142,32 +87,6 @@ def destroy_process_groups(pgs: Any) -> None:
     for group in owner.outside:
         dist.destroy_process_group(group)
     grid.destroy()
-
-
-def process_group_families(grid: HyperCommGrid, expert: str | None = None) -> dict[str, tuple[str | None, list[str]]]:
-    """Which family of which view each field made from the grid and ``expert`` is (pure, no torch call).
-
-    Returns:
-        Field name -> (view name or None for the grid's own, dims as the view
-        names them), for the dense and expert fields whose dims the grid (or
-        view) has; ``process_groups`` also fills the others (see its docstring).
-
-    Examples:
-        >>> grid = HyperCommGrid([2, 1, 2, 2], ["tp", "cp", "dp", "pp"])
-        >>> process_group_families(grid)["mp"], process_group_families(grid)["dp_cp"]
-        ((None, ['tp', 'pp']), (None, ['dp', 'cp']))
-    """
-    from hypergrid.compat.megatron_fields import DENSE_FAMILIES, EXPERT_FAMILIES
-
-    tables = [(None, DENSE_FAMILIES)] + ([(expert, EXPERT_FAMILIES)] if expert is not None else [])
-    families: dict[str, tuple[str | None, list[str]]] = {}
-    for view, table in tables:
-        names = grid._rank_view(view).dim_names
-        for field_name, dims in table.items():
-            found = present(names, dims)
-            if found:
-                families[field_name] = (view, list(found))
-    return families
 
 
 _SIZES = ("tp", "pp", "cp", "ep", "etp", "dp", "gtp_remat", "egtp_remat", "order", "rank_offset", "backend")
@@ -250,6 +169,7 @@ def process_groups(
             grid and the expert view differ, ``distributed_optimizer_instances``
             does not divide dp*cp or the expert dp size, ...).
         ViewNotFoundError: (a ``KeyError``) ``expert`` names no registered view.
+        NotInitializedError: torch.distributed is not initialized.
         DesyncError: (guard on) the ranks asked for different collections.
 
     Examples:
@@ -265,6 +185,10 @@ def process_groups(
         (True, None, None)
         >>> destroy_process_groups(pgs); dist.destroy_process_group()
     """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise NotInitializedError(
+            "process_groups() creates process groups: call torch.distributed.init_process_group() on every rank first"
+        )
     given = {name: value for name, value in zip(_SIZES, (tp, pp, cp, ep, etp, dp, gtp_remat, egtp_remat, order,
                                                          rank_offset, backend)) if value is not None}  # fmt: skip
     if grid is None:

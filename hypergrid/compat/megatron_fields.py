@@ -28,10 +28,13 @@ Examples:
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["PG_FIELDS", "split_family"]
+__all__ = ["PG_FIELDS", "ProcessGroupCollection", "collection_class", "split_family"]
 
 #: The fields of Megatron-Core 0.19's ``ProcessGroupCollection``, in its order.
 PG_FIELDS = (
@@ -182,3 +185,55 @@ def embedding_ranks(stages: Sequence[Sequence[int]]) -> tuple[list[list[int]], l
     ordered = [sorted(group) for group in stages]
     embd = [[group[0], group[-1]] if len(group) > 1 else [group[0]] for group in ordered]
     return embd, [[group[0]] for group in ordered]
+
+
+@dataclass
+class ProcessGroupCollection:
+    """Megatron-Core 0.19's ``ProcessGroupCollection`` fields, for where megatron-core is not installed.
+
+    Every field holds the calling rank's group (``hcp``: a list, one per level),
+    or ``None`` (not a member, or not built).
+    """
+
+    tp: Any = None
+    pp: Any = None
+    mp: Any = None
+    embd: Any = None
+    pos_embd: Any = None
+    cp: Any = None
+    tp_cp: Any = None
+    hcp: Any = None
+    ep: Any = None
+    expt_tp: Any = None
+    tp_ep: Any = None
+    tp_ep_pp: Any = None
+    tp_ep_pp_with_egtp_remat: Any = None
+    tp_dp_cp: Any = None
+    dp: Any = None
+    dp_cp: Any = None
+    dp_cp_gtp_remat: Any = None
+    dp_cp_ag: Any = None
+    gtp_remat: Any = None
+    expt_gtp_remat: Any = None
+    expt_dp: Any = None
+    expt_dp_gtp_remat: Any = None
+    expt_dp_ag: Any = None
+    intra_dp_cp: Any = None
+    intra_expt_dp: Any = None
+    inter_dist_opt: Any = None
+    intra_dist_opt: Any = None
+
+
+def collection_class() -> type:
+    """Megatron-Core's ``ProcessGroupCollection`` when megatron-core imports, else hypergrid's stand-in.
+
+    Examples:
+        >>> collection_class().__name__
+        'ProcessGroupCollection'
+    """
+    try:
+        module = importlib.import_module("megatron.core.process_groups_config")
+    except ImportError:
+        return ProcessGroupCollection
+    real: type = module.ProcessGroupCollection
+    return real

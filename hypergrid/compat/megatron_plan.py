@@ -41,7 +41,7 @@ from hypergrid.grid.views import BASE_VIEW
 from hypergrid.layout import GridLayout
 from hypergrid.layout.economy import PartitionSignature, partition_signature
 
-__all__ = ["Family", "Plan", "plan_fields"]
+__all__ = ["Family", "Plan", "plan_fields", "process_group_families"]
 
 #: A family: the view that holds it (None: the root grid's own) and its dims as that view names them.
 Family = tuple[str | None, tuple[str, ...]]
@@ -264,3 +264,27 @@ def _hierarchical(views: _Views, sizes: Sequence[int]) -> None:
     shape, names, level_dims = hierarchical_view(root.shape, root.dim_names, cp, levels)
     plan.views[HCP_VIEW] = (shape, names)
     plan.levels["hcp"] = [(HCP_VIEW, (dim,)) for dim in level_dims]
+
+
+def process_group_families(grid: HyperCommGrid, expert: str | None = None) -> dict[str, tuple[str | None, list[str]]]:
+    """Which family of which view each field made from the grid and ``expert`` is (pure, no torch call).
+
+    Returns:
+        Field name -> (view name or None for the grid's own, dims as the view
+        names them), for the dense and expert fields whose dims the grid (or
+        view) has; ``process_groups`` also fills the others (see its docstring).
+
+    Examples:
+        >>> grid = HyperCommGrid([2, 1, 2, 2], ["tp", "cp", "dp", "pp"])
+        >>> process_group_families(grid)["mp"], process_group_families(grid)["dp_cp"]
+        ((None, ['tp', 'pp']), (None, ['dp', 'cp']))
+    """
+    tables = [(None, DENSE_FAMILIES)] + ([(expert, EXPERT_FAMILIES)] if expert is not None else [])
+    families: dict[str, tuple[str | None, list[str]]] = {}
+    for view, table in tables:
+        names = grid._rank_view(view).dim_names
+        for field_name, dims in table.items():
+            found = present(names, dims)
+            if found:
+                families[field_name] = (view, list(found))
+    return families

@@ -29,7 +29,13 @@ from hypergrid.compat.megatron import (
     process_groups,
     setup_model_state,
 )
-from hypergrid.errors import DependencyError, GridSpecError, GroupNotFoundError, UnexpectedArgumentError
+from hypergrid.errors import (
+    DependencyError,
+    GridSpecError,
+    GroupNotFoundError,
+    NotInitializedError,
+    UnexpectedArgumentError,
+)
 from tests.compat.megatron_reference import accepted, members, mine, reference
 
 
@@ -177,6 +183,13 @@ def test_sizes_megatron_refuses_raise_before_any_group(
         with pytest.raises(error, match=phrase):
             process_groups(**kwargs)
     assert created == []
+
+
+def test_needs_an_initialized_world(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    with pytest.raises(NotInitializedError, match="init_process_group") as error:
+        process_groups(tp=2)
+    assert isinstance(error.value, RuntimeError)
 
 
 def test_grid_form_refuses_sizes_and_keeps_working(world8: None) -> None:
