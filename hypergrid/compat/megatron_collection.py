@@ -27,9 +27,9 @@ from hypergrid.compat.megatron_fields import (
     embedding_ranks,
     present,
 )
-from hypergrid.compat.megatron_layout import DEFAULT_ORDER, build_grids
+from hypergrid.compat.megatron_layout import DEFAULT_ORDER, build_grids, positive
 from hypergrid.compat.megatron_plan import Family, Plan, plan_fields
-from hypergrid.errors import GroupNotFoundError, NotInitializedError, UnexpectedArgumentError
+from hypergrid.errors import GridSpecError, GroupNotFoundError, NotInitializedError, UnexpectedArgumentError
 from hypergrid.grid import HyperCommGrid
 from hypergrid.grid.views import BASE_VIEW
 
@@ -200,6 +200,14 @@ def process_groups(
         )
     root = grid._root
     view = expert._view_name if isinstance(expert, HyperCommGrid) else expert
+    # As plain ints: the request below is text, and ranks that pass 2 and numpy's 2 ask for the same.
+    distributed_optimizer_instances = positive("distributed_optimizer_instances", distributed_optimizer_instances)
+    if hierarchical_cp is not None:
+        if isinstance(hierarchical_cp, (str, bytes)) or not isinstance(hierarchical_cp, Sequence):
+            raise GridSpecError(
+                f"hierarchical_cp must be a list of positive ints, innermost first, got {hierarchical_cp!r}"
+            )
+        hierarchical_cp = [positive("hierarchical_cp", size) for size in hierarchical_cp]
     if view is not None:
         root._rank_view(view)  # ViewNotFoundError before anything is registered
     plan = plan_fields(

@@ -169,6 +169,8 @@ def test_distributed_optimizer_views_and_a_run_that_is_no_family() -> None:
         (dict(distributed_optimizer_instances=3), GridSpecError, "does not divide dp\\*cp = 8"),
         (dict(distributed_optimizer_instances=2, gtp_remat=2), GridSpecError, "without weight rematerialisation"),
         (dict(cp=4, hierarchical_cp=[2, 3]), GridSpecError, r"hierarchical_cp=\[2, 3\] must multiply to .* 4"),
+        (dict(cp=4, hierarchical_cp=4), GridSpecError, "hierarchical_cp must be a list of positive ints, .* got 4"),
+        (dict(distributed_optimizer_instances=0), GridSpecError, "distributed_optimizer_instances must be a positive"),
         (dict(order="tp-xp"), Exception, "'xp'"),
         (dict(strategi="local"), UnexpectedArgumentError, "strategi"),
     ],
