@@ -8,7 +8,7 @@ PIP_TORCH_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hypergrid-installed
 
-.PHONY: demo test lint docs bench clean test-frameworks bench-frameworks
+.PHONY: demo test lint docs bench clean test-frameworks bench-frameworks test-megatron bench-megatron
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,24 @@ test-frameworks: $(FW_STAMP)
 bench-frameworks: $(FW_STAMP)
 	mkdir -p bench-results
 	$(FW_BIN)/python benchmarks/torchtitan_meshes.py --repeats 5 --json bench-results/torchtitan_meshes.json
+# The Megatron-Core tier: hypergrid against megatron-core 0.19.2's own code (the oracle against
+# initialize_model_parallel, examples/megatron_gpt.py, the collection tests with Megatron's real class).
+# megatron-core 0.19 needs CPython 3.12, which `make test` does not: .ci/megatron-env builds that
+# environment once (about 4.5 GB, two to four minutes; cached in ~/.cache/hypergrid/megatron-py312,
+# override with MEGATRON_VENV) and prints its python; where no Python 3.12 is found it says so and
+# the target skips.
+MEGATRON_TESTS ?= tests/megatron tests/compat/test_megatron_collection.py tests/compat/test_megatron_processes.py \
+	tests/compat/test_megatron_api.py hypergrid/compat docs/migrate/megatron.md
+MEGATRON_ENV = python=$$(.ci/megatron-env) || { status=$$?; [ $$status -eq 3 ] && exit 0; exit $$status; }
+
+test-megatron:
+	@$(MEGATRON_ENV); PYTHONPATH=$(CURDIR) $$python -m pytest -p no:cacheprovider $(MEGATRON_TESTS)
+
+# docs/performance.md's Megatron rows: hypergrid's one call against Megatron-Core's own builders.
+bench-megatron:
+	@$(MEGATRON_ENV); mkdir -p bench-results; \
+	PYTHONPATH=$(CURDIR) $$python benchmarks/megatron_creation.py --world 4,8 --repeats 12 \
+		--json bench-results/megatron_creation.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

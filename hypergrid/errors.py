@@ -13,6 +13,7 @@ __all__ = [
     "BackendError",
     "CollectiveMismatchError",
     "CreationRefusedError",
+    "DependencyError",
     "DesyncError",
     "DimsError",
     "FencedError",
@@ -93,6 +94,10 @@ class UnexpectedArgumentError(HyperGridError, TypeError):
 
 class NotInitializedError(HyperGridError, RuntimeError):
     """A call needs ``torch.distributed`` to be initialized and it is not."""
+
+
+class DependencyError(HyperGridError, ImportError):
+    """A call needs an optional package (say, megatron-core) that does not import."""
 
 
 class WorkerError(HyperGridError, RuntimeError):
