@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from hypergrid.binding.failures import communicate
 from hypergrid.cli.show import parse_grid_arguments
 from hypergrid.errors import HyperGridError, InvalidArgumentError
 from hypergrid.grid import HyperCommGrid
@@ -63,12 +64,12 @@ def run_families(shape: Sequence[int], dim_names: Sequence[str]) -> list[dict[st
     device = default_device()
     reports = []
     for family in layout.all_families():
-        dist.barrier()
+        communicate("demo: barrier", dist.barrier)
         start = time.perf_counter()
         group = grid.create_pg(family)
         created = time.perf_counter()
         value = torch.tensor([rank], dtype=torch.int64, device=device)
-        dist.all_reduce(value, group=group)
+        communicate(f"demo: all_reduce over {layout.key(family)!r}", dist.all_reduce, value, group=group)
         reduced = time.perf_counter()
         wrong = int(value.item() != sum(layout.group_ranks(family, rank)))
         # get_pg is a lookup in any order: reversed names must give the same object.
@@ -80,8 +81,8 @@ def run_families(shape: Sequence[int], dim_names: Sequence[str]) -> list[dict[st
         )
         totals = stats[:2].clone()
         slowest = stats[2:].clone()
-        dist.all_reduce(totals)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        communicate("demo: all_reduce of the checks", dist.all_reduce, totals)
+        communicate("demo: all_reduce of the times", dist.all_reduce, slowest, op=dist.ReduceOp.MAX)
         reports.append(
             FamilyReport(
                 key=layout.key(family),

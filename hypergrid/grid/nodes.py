@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.failures import check_live, peer_failures
 from hypergrid.binding.registry import guard_key
 from hypergrid.cluster.placement import PlacementReport, build_report
 from hypergrid.cluster.tiers import Topology
@@ -159,7 +160,9 @@ class NodeAwareness(GridFacet):
         local = os.environ.get("LOCAL_RANK", "").strip()
         mine = (socket.gethostname(), int(local) if local.isdigit() else None)
         gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, mine)
+        check_live("placement_report")
+        with peer_failures("placement_report"):
+            dist.all_gather_object(gathered, mine)
         root = self._root
         families = [
             (guard_key(key), layout.rank_enum_array(dims))

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hypergrid.binding.failures import peer_failures
+from hypergrid.binding.failures import communicate
 from hypergrid.errors import CollectiveMismatchError, InvalidArgumentError
 from hypergrid.values import as_int, format_ranks
 
@@ -191,8 +191,7 @@ def compare_calls(groups: Sequence[dist.ProcessGroup], row: list[int], tensor: o
     rows = torch.tensor([[dist.get_rank(), *row]], dtype=torch.int64, device=device)
     for group in groups:
         gathered = rows.new_empty((dist.get_world_size(group) * rows.shape[0], rows.shape[1]))
-        with peer_failures(f"{call} over {dims!r} (comparing the call)"):
-            all_gather_single(gathered, rows, group=group)
+        communicate(f"{call} over {dims!r} (comparing the call)", all_gather_single, gathered, rows, group=group)
         rows = gathered
     table = rows.tolist()
     if all(fields[1:] == table[0][1:] for fields in table):

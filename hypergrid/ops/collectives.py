@@ -25,11 +25,11 @@ import torch
 import torch.distributed as dist
 
 from hypergrid.binding.facet import GridFacet
-from hypergrid.binding.failures import peer_failures
+from hypergrid.binding.failures import Watched, communicate
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout import Dims
 from hypergrid.ops.checks import all_gather_single, check_collectives_flag, check_reduce_op, compare_calls, signature
-from hypergrid.values import as_int, is_int
+from hypergrid.values import as_int, is_int, shown
 
 __all__ = ["Collectives", "check_collectives_flag"]
 
@@ -132,7 +132,7 @@ class Collectives(GridFacet):
 
     def all_reduce(
         self, tensor: torch.Tensor, dims: Dims, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False
-    ) -> dist.Work | None:
+    ) -> Watched | None:
         """Reduce ``tensor`` in place over the caller's group of the family over ``dims``.
 
         Args:
@@ -142,13 +142,15 @@ class Collectives(GridFacet):
             async_op: return torch's work handle instead of waiting.
 
         Returns:
-            The work handle with ``async_op=True``, else ``None``.
+            With ``async_op=True`` a work handle (torch's, wrapped) whose ``wait()``
+            raises ``RankFailure`` if a peer is gone; else ``None``.
 
         Raises:
             DimsError: unknown, repeated or no dims.
             InvalidArgumentError: ``tensor`` is not a tensor, or ``op`` not a ``ReduceOp``.
             RankError: the caller is outside the grid.
             CollectiveMismatchError: (checked collectives) the members' calls differ.
+            RankFailure: a member is gone (torch's error is its ``__cause__``).
 
         Examples:
             >>> import torch, torch.distributed as dist
@@ -163,8 +165,9 @@ class Collectives(GridFacet):
         _check_tensor(tensor, "all_reduce")
         check_reduce_op(op, "all_reduce")
         group = self._member_pg(dims, "all_reduce")
-        with peer_failures(f"all_reduce over {dims!r}"):
-            work: dist.Work | None = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+        work: Watched | None = communicate(
+            f"all_reduce over {shown(dims)}", dist.all_reduce, tensor, op=op, group=group, async_op=async_op
+        )
         return work
 
     def all_gather(self, tensor: torch.Tensor, dims: Dims, dim: int = 0) -> torch.Tensor:
@@ -178,6 +181,7 @@ class Collectives(GridFacet):
             InvalidArgumentError: not a dense tensor, or a bad ``dim``.
             RankError: the caller is outside the grid.
             CollectiveMismatchError: (checked collectives) the members' calls differ.
+            RankFailure: a member is gone (torch's error is its ``__cause__``).
 
         Examples:
             >>> import torch, torch.distributed as dist
@@ -193,8 +197,7 @@ class Collectives(GridFacet):
         group = self._member_pg(dims, "all_gather")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((self.layout.group_size(dims) * moved.shape[0], *moved.shape[1:]))
-        with peer_failures(f"all_gather over {dims!r}"):
-            all_gather_single(out, moved, group=group)
+        communicate(f"all_gather over {shown(dims)}", all_gather_single, out, moved, group=group)
         return out.movedim(0, index).contiguous()
 
     def reduce_scatter(
@@ -208,6 +211,7 @@ class Collectives(GridFacet):
                 ``dim``, or a size along ``dim`` that the group size does not divide.
             RankError: the caller is outside the grid.
             CollectiveMismatchError: (checked collectives) the members' calls differ.
+            RankFailure: a member is gone (torch's error is its ``__cause__``).
 
         Examples:
             >>> import torch, torch.distributed as dist
@@ -224,26 +228,25 @@ class Collectives(GridFacet):
         group = self._member_pg(dims, "reduce_scatter")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((chunk, *moved.shape[1:]))
-        with peer_failures(f"reduce_scatter over {dims!r}"):
-            _reduce_scatter_single(out, moved, op=op, group=group)
+        communicate(f"reduce_scatter over {shown(dims)}", _reduce_scatter_single, out, moved, op=op, group=group)
         return out.movedim(0, index).contiguous()
 
-    def broadcast(
-        self, tensor: torch.Tensor, dims: Dims, group_src: int = 0, async_op: bool = False
-    ) -> dist.Work | None:
+    def broadcast(self, tensor: torch.Tensor, dims: Dims, group_src: int = 0, async_op: bool = False) -> Watched | None:
         """Broadcast ``tensor`` in place from group rank ``group_src`` of the caller's group over ``dims``.
 
         ``group_src`` is a position in the family's group order (0 is
         ``grid.src_rank(dims)``); it is turned into the global rank torch expects.
 
         Returns:
-            The work handle with ``async_op=True``, else ``None``.
+            With ``async_op=True`` a work handle (torch's, wrapped) whose ``wait()``
+            raises ``RankFailure`` if a peer is gone; else ``None``.
 
         Raises:
             DimsError: unknown, repeated or no dims.
             InvalidArgumentError: not a tensor, or ``group_src`` not in ``0 .. group_size-1``.
             RankError: the caller is outside the grid.
             CollectiveMismatchError: (checked collectives) the members' calls differ.
+            RankFailure: a member is gone (torch's error is its ``__cause__``).
 
         Examples:
             >>> import torch, torch.distributed as dist
@@ -266,19 +269,22 @@ class Collectives(GridFacet):
             )
         group = self._member_pg(dims, "broadcast")
         src = self.layout.group_ranks(dims, dist.get_rank())[group_src]
-        with peer_failures(f"broadcast over {dims!r}"):
-            work: dist.Work | None = dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+        work: Watched | None = communicate(
+            f"broadcast over {shown(dims)}", dist.broadcast, tensor, src=src, group=group, async_op=async_op
+        )
         return work
 
-    def barrier(self, dims: Dims, async_op: bool = False) -> dist.Work | None:
+    def barrier(self, dims: Dims, async_op: bool = False) -> Watched | None:
         """Wait until every member of the caller's group over ``dims`` reaches it.
 
         Returns:
-            The work handle with ``async_op=True``, else ``None``.
+            With ``async_op=True`` a work handle (torch's, wrapped) whose ``wait()``
+            raises ``RankFailure`` if a peer is gone; else ``None``.
 
         Raises:
             DimsError: unknown, repeated or no dims.
             RankError: the caller is outside the grid.
+            RankFailure: a member is gone (torch's error is its ``__cause__``).
 
         Examples:
             >>> import torch.distributed as dist
@@ -289,8 +295,7 @@ class Collectives(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         group = self._member_pg(dims, "barrier")
-        with peer_failures(f"barrier over {dims!r}"):
-            work: dist.Work | None = dist.barrier(group=group, async_op=async_op)
+        work: Watched | None = communicate(f"barrier over {shown(dims)}", dist.barrier, group=group, async_op=async_op)
         return work
 
     def hierarchical_all_reduce(
@@ -332,6 +337,7 @@ class Collectives(GridFacet):
             WorldSizeError: no ``ranks_per_node`` and no ``LOCAL_WORLD_SIZE``.
             RankError: the caller is outside the grid.
             CollectiveMismatchError: (checked collectives) the members' calls differ.
+            RankFailure: a member is gone (torch's error is its ``__cause__``).
 
         Examples:
             >>> import torch, torch.distributed as dist
@@ -364,9 +370,9 @@ class Collectives(GridFacet):
         flat = tensor.detach().reshape(-1)
         buffer = torch.cat([flat, flat.new_zeros(-count % k)])  # a copy, padded to k equal shards
         shard = buffer.new_empty(buffer.numel() // k)
-        with peer_failures(f"hierarchical_all_reduce over {dims!r}"):
-            _reduce_scatter_single(shard, buffer, op=op, group=inner)
-            dist.all_reduce(shard, op=op, group=outer)
-            all_gather_single(buffer, shard, group=inner)
+        over = f"{what} over {shown(dims)}"
+        communicate(over, _reduce_scatter_single, shard, buffer, op=op, group=inner)
+        communicate(over, dist.all_reduce, shard, op=op, group=outer)
+        communicate(over, all_gather_single, buffer, shard, group=inner)
         with torch.no_grad():
             tensor.copy_(buffer[:count].view(tensor.shape))

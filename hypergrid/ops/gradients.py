@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.failures import communicate
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout import Dims
 
@@ -116,6 +117,7 @@ class Gradients(GridFacet):
             DimsError: unknown, repeated or no dims.
             InvalidArgumentError: not a module or tensors, a sparse gradient, or a bad ``bucket_mb``.
             RankError: the caller is outside the grid.
+            RankFailure: a member is gone (torch's error is its ``__cause__``).
 
         Examples:
             >>> import torch, torch.distributed as dist
@@ -130,13 +132,12 @@ class Gradients(GridFacet):
         buckets = gradient_buckets(_parameters(module_or_params), bucket_mb)  # every check before communication
         group = self._member_pg(dims, "average_gradients")
         size = dist.get_world_size(group)
-        has_avg = dist.get_backend(group) in _BACKENDS_WITH_AVG
+        op = dist.ReduceOp.AVG if dist.get_backend(group) in _BACKENDS_WITH_AVG else dist.ReduceOp.SUM
+        what = f"average_gradients over {dims!r}"
         for grads in buckets:
             flat = torch.cat([grad.detach().reshape(-1) for grad in grads])
-            if has_avg:
-                dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=group)
-            else:
-                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+            communicate(what, dist.all_reduce, flat, op=op, group=group)
+            if op == dist.ReduceOp.SUM:
                 flat.div_(size)
             offset = 0
             with torch.no_grad():

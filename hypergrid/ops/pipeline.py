@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.failures import check_live, peer_failures, wait_works
 from hypergrid.errors import DimsError, InvalidArgumentError
 
 __all__ = ["Pipeline"]
@@ -85,8 +86,10 @@ class Pipeline(GridFacet):
         """The ``torch.distributed.P2POp`` list exchanging tensors with the ring neighbours along ``dim``.
 
         Hand the list to ``torch.distributed.batch_isend_irecv`` and wait on
-        the returned requests. Ops run on the caller's group over ``dim``
-        (created on first use, collectively), with the neighbours' global ranks
+        the returned requests (torch's own: a dead peer shows there as torch's
+        error; ``exchange`` posts and waits for you and raises ``RankFailure``).
+        Ops run on the caller's group over ``dim`` (created on first use,
+        collectively), with the neighbours' global ranks
         as ``peer``. A stage's ``send_next`` is received by the next stage's
         ``recv_prev``, and ``send_prev`` by the previous stage's ``recv_next``;
         the ops are listed in an order (next-bound traffic first) that matches
@@ -118,6 +121,7 @@ class Pipeline(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         tensors = _checked("p2p_ops", dim, self.layout.dim_indices(dim), send_next, send_prev, recv_next, recv_prev)
+        check_live(f"p2p_ops along {dim!r}")
         group = self._member_pg(dim, "p2p_ops")
         rank = dist.get_rank()
         given = [name for name, tensor in tensors.items() if tensor is not None]
@@ -171,6 +175,7 @@ class Pipeline(GridFacet):
             DimsError: ``dim`` is not one dim of the grid.
             InvalidArgumentError: an argument is neither a tensor nor ``None``.
             RankError: the caller is outside the grid.
+            RankFailure: a neighbour is gone (torch's error is its ``__cause__``).
 
         Examples:
             >>> import torch, torch.distributed as dist
@@ -188,5 +193,8 @@ class Pipeline(GridFacet):
         kept = {name: t for name, t in tensors.items() if t is not None and present[name.split("_")[1]]}
         ops = self.p2p_ops(dim, **kept)
         if ops:
-            for request in dist.batch_isend_irecv(ops):
-                request.wait()
+            what = f"exchange along {dim!r}"
+            check_live(what)
+            with peer_failures(what):
+                requests = dist.batch_isend_irecv(ops)
+            wait_works(requests, what)

@@ -105,7 +105,7 @@ def test_avg_where_the_backend_has_it_else_sum_and_divide(
     params = _model_with_grads(3, 4)
     ops: list[Any] = []
     monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
-    monkeypatch.setattr(dist, "all_reduce", lambda tensor, op=None, group=None: ops.append(op))
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, op=None, group=None, async_op=False: ops.append(op))
     grid.average_gradients(params, "dp")
     assert ops == [op]
     grid.destroy()
