@@ -9,7 +9,7 @@ import numpy as np
 
 from hypergrid.errors import InvalidArgumentError
 
-__all__ = ["MAX_TIMEOUT_S", "as_int", "as_number", "is_int", "check_timeout", "format_ranks", "shown"]
+__all__ = ["MAX_TIMEOUT_S", "as_int", "as_number", "is_int", "check_timeout", "first_line", "format_ranks", "shown"]
 
 #: The longest timeout hypergrid passes on (100 years, in seconds). torch and gloo turn a
 #: timeout into a deadline, now + timeout, in int64 nanoseconds since 1970, which overflows at
@@ -59,6 +59,17 @@ def shown(value: object, limit: int = 120) -> str:
             return f"<an int of {value.bit_length()} bits>"
         return f"<a {type(value).__name__} too long to print>"
     return text if len(text) <= limit else f"{text[: limit - 30]}...({len(text)} characters)"
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message, or its class name when it has none (for one-line messages).
+
+    Examples:
+        >>> first_line(RuntimeError("Connection closed by peer\\nat pair.cc")), first_line(KeyError())
+        ('Connection closed by peer', 'KeyError')
+    """
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def as_number(value: object) -> float | None:

@@ -24,8 +24,10 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from hypergrid.binding.options import unavailable_backend
 from hypergrid.binding.worldstate import PerWorld, held_group_count
 from hypergrid.errors import BackendError, CreationRefusedError, InvalidArgumentError
+from hypergrid.values import first_line, shown
 
 __all__ = ["STRATEGIES", "check_strategy", "check_can_split", "create_family"]
 
@@ -77,6 +79,7 @@ def create_family(
     my_ranks: list[int] | None,
     options: dict[str, Any],
     bound_s: float | None = None,
+    family: str = "",
 ) -> dist.ProcessGroup | None:
     """Create one family's groups with ``strategy``; return the caller's group or None.
 
@@ -85,8 +88,35 @@ def create_family(
     ``bound_s``: torch waits at most this long for the other members while it
     creates (a dead peer fails the creation instead of hanging it); the group
     then gets its own timeout (``options["timeout"]``, else torch's default) for
-    its collectives.
+    its collectives. ``family`` names the family in errors (default: its groups).
+
+    Raises:
+        BackendError: torch refused the backend because this machine's build
+            lacks it (the name was checked when the grid or call was made; whether
+            it is built in is torch's to say, here): one line naming both.
     """
+    try:
+        return _bounded(strategy, rank_enum, my_ranks, options, bound_s)
+    except (RuntimeError, AssertionError) as error:
+        backend = options.get("backend")
+        missing = unavailable_backend(backend)
+        if missing is None:
+            raise
+        named = family or f"over groups {shown(rank_enum if rank_enum is not None else [my_ranks])}"
+        raise BackendError(
+            f"creating family {named} with backend {backend!r}: backend {missing!r} is not available in this torch "
+            f"build on this machine (torch.distributed.is_{missing}_available() is not True; torch said: "
+            f"{first_line(error)}); use another backend or a torch built with it"
+        ) from error
+
+
+def _bounded(
+    strategy: str,
+    rank_enum: list[list[int]] | None,
+    my_ranks: list[int] | None,
+    options: dict[str, Any],
+    bound_s: float | None,
+) -> dist.ProcessGroup | None:
     if bound_s is None or dist.get_backend() == "fake":
         return _create(strategy, rank_enum, my_ranks, options)
     backend = options.get("backend") or dist.get_backend()

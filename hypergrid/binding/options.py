@@ -5,9 +5,9 @@ and ``HyperCommGrid(..., group_options=...)`` are checked here, before any
 communication; the guard and the sharing pool compare options by the
 descriptions made here, never by object identity, so they are equal on every
 rank that asks for the same settings. Backends are checked against what torch
-accepts (a name, or ``"device:backend"`` pairs such as ``"cpu:gloo,cuda:nccl"``)
-and, when a group is about to be created, against what this machine's torch has
-built in.
+accepts (a name, or ``"device:backend"`` pairs such as ``"cpu:gloo,cuda:nccl"``),
+by name only: whether this machine's torch has it built in is torch's to say
+when the groups are created (`unavailable_backend` then names it).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from hypergrid.values import MAX_TIMEOUT_S
 
 __all__ = [
     "GROUP_OPTIONS",
-    "check_backend_available",
     "check_group_options",
     "check_tag",
     "describe_options",
@@ -32,6 +31,7 @@ __all__ = [
     "family_options",
     "normalize_backend",
     "refuse_keywords",
+    "unavailable_backend",
 ]
 
 #: Options a family's groups accept (passed on to torch), grid-wide or per call.
@@ -130,7 +130,7 @@ def normalize_backend(backend: object, what: str) -> str | None:
     """``None``, or a backend in a form torch accepts, in lower case: a name or ``device:backend`` pairs.
 
     Checks the spelling only (a grid may be planned for NCCL on a CPU machine);
-    `check_backend_available` checks this machine before a group is created.
+    whether torch has it built in is torch's to say when groups are created.
 
     Raises:
         BackendError: not a str, an unknown backend name, ``"undefined"`` (use
@@ -177,28 +177,25 @@ def normalize_backend(backend: object, what: str) -> str | None:
     return ",".join(f"{device}:{name}" for device, name in pairs.items())
 
 
-def check_backend_available(backend: str | None, what: str = "backend") -> None:
-    """Refuse a (normalized) backend that this machine's torch was built without.
+def unavailable_backend(backend: str | None) -> str | None:
+    """The first backend of a (normalized) backend string that this machine's torch was built without, or None.
 
-    ``None`` (the default group's backend) always passes.
-
-    Raises:
-        BackendError: a backend, or one of a ``device:backend`` string's, that
-            torch reports unavailable (``torch.distributed.is_nccl_available()``, ...).
+    ``None`` (the default group's backend) is always available. Not a check
+    before creation: a grid may name NCCL on a machine without it (planning,
+    tests that stand in for torch's creation); torch refuses at creation time,
+    and `hypergrid.binding.creation` uses this to say so in one line.
 
     Examples:
-        >>> check_backend_available("gloo")
-        >>> check_backend_available("cpu:gloo")
+        >>> unavailable_backend("gloo"), unavailable_backend("cpu:gloo"), unavailable_backend(None)
+        (None, None, None)
     """
     if backend is None:
-        return
-    for name in {pair.rpartition(":")[2] for pair in backend.split(",")}:
+        return None
+    for name in sorted({pair.rpartition(":")[2] for pair in backend.split(",")}):
         probe = getattr(dist, f"is_{name}_available", None)
         if name not in _plugins() and (probe is None or not probe()):
-            raise BackendError(
-                f"{what} {backend!r}: backend {name!r} is not available in this torch build on this machine "
-                f"(torch.distributed.is_{name}_available() is not True); use another backend or a torch built with it"
-            )
+            return name
+    return None
 
 
 def refuse_keywords(call: str, kwargs: Mapping[str, Any], hint: str) -> None:
@@ -231,8 +228,9 @@ def family_options(
 
     Raises:
         UnexpectedArgumentError: an unknown keyword argument.
-        BackendError: a bad backend, another backend than the grid's on an untagged
-            family, or a backend this machine's torch does not have.
+        BackendError: a bad backend name, or another backend than the grid's on an
+            untagged family (whether this machine's torch has it is torch's to say,
+            when the groups are created).
         InvalidArgumentError: a bad option value.
 
     Examples:
@@ -244,7 +242,6 @@ def family_options(
     options = check_group_options({**defaults, **{name: kwargs[name] for name in GROUP_OPTIONS if name in kwargs}})
     asked = normalize_backend(kwargs.get("backend"), "create_pg's backend")
     if asked is None or asked == grid_backend:
-        check_backend_available(grid_backend, "the grid's backend")
         return grid_backend, options
     if tag is None and grid_backend is not None:
         raise BackendError(
@@ -252,7 +249,6 @@ def family_options(
             f"{grid_backend!r}; give the family a tag (create_pg(..., backend={kwargs['backend']!r}, tag='cpu')) "
             "for a second communicator on another backend"
         )
-    check_backend_available(asked, "create_pg's backend")
     return asked, options
 
 
