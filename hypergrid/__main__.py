@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from hypergrid.values import shown
+
 _COMMANDS = {
     "demo": "run the main job: a local gloo grid, every family all-reduced and checked",
     "show": "print a grid's layout, families and node report (no process group needed)",
@@ -19,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         listing = "\n".join(f"  {name:<6} {text}" for name, text in _COMMANDS.items())
         print(f"usage: python -m hypergrid COMMAND [options]\n\ncommands:\n{listing}")
         if args and args[0] not in ("-h", "--help"):
-            print(f"\nerror: unknown command {args[0]!r}; choose from {sorted(_COMMANDS)}", file=sys.stderr)
+            print(f"\nerror: unknown command {shown(args[0])}; choose from {sorted(_COMMANDS)}", file=sys.stderr)
             return 2
         return 0 if args else 2
     if args[0] == "show":

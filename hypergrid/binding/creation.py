@@ -44,8 +44,8 @@ def check_strategy(strategy: object) -> str:
         >>> check_strategy("local")
         'local'
     """
-    if strategy not in STRATEGIES:
-        raise InvalidArgumentError(f"strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
+    if not isinstance(strategy, str) or strategy not in STRATEGIES:
+        raise InvalidArgumentError(f"strategy must be one of {list(STRATEGIES)}, got {shown(strategy)}")
     return str(strategy)
 
 
@@ -60,15 +60,15 @@ def check_can_split(backend: str | None) -> None:
     default_backend = dist.get_backend()
     if backend is not None and backend != default_backend:
         raise BackendError(
-            f"strategy 'split' makes groups of the default group's backend {default_backend!r}; "
-            f"it cannot make {backend!r} groups (use strategy 'enumerate' or 'local')"
+            f"strategy 'split' makes groups of the default group's backend {shown(default_backend)}; "
+            f"it cannot make {shown(backend)} groups (use strategy 'enumerate' or 'local')"
         )
     device = None if default is None else default.bound_device_id
     if device is None or default_backend != "nccl":
         bound = "without a bound device" if device is None else f"bound to {device}"
         raise BackendError(
             "strategy 'split' needs the default group to be NCCL bound to a device "
-            f"(init_process_group('nccl', device_id=...)); this one is {default_backend!r} {bound}; "
+            f"(init_process_group('nccl', device_id=...)); this one is {shown(default_backend)} {bound}; "
             "use strategy 'enumerate' or 'local'"
         )
 
@@ -104,7 +104,8 @@ def create_family(
             raise
         named = family or f"over groups {shown(rank_enum if rank_enum is not None else [my_ranks])}"
         raise BackendError(
-            f"creating family {named} with backend {backend!r}: backend {missing!r} is not available in this torch "
+            f"creating family {named} with backend {shown(backend)}: backend {shown(missing)} is not "
+            f"available in this torch "
             f"build on this machine (torch.distributed.is_{missing}_available() is not True; torch said: "
             f"{first_line(error)}); use another backend or a torch built with it"
         ) from error
@@ -141,7 +142,7 @@ def _create(
         if identity in used:
             raise CreationRefusedError(
                 f"strategy 'local' would create a group over ranks {my_ranks} while this rank holds "
-                f"{identity[1]} process groups, as when it created group {used[identity]!r} over the same "
+                f"{identity[1]} process groups, as when it created group {shown(used[identity])} over the same "
                 "ranks: torch would give the new group that same name and reuse its rendezvous keys in "
                 "the store, left behind when it was destroyed, so the members would connect to stale "
                 "addresses (connection refused) or hang. Create this family with strategy='enumerate', "

@@ -20,7 +20,7 @@ from typing import Any
 import torch.distributed as dist
 
 from hypergrid.errors import BackendError, InvalidArgumentError, UnexpectedArgumentError
-from hypergrid.values import MAX_TIMEOUT_S
+from hypergrid.values import MAX_TIMEOUT_S, shown
 
 __all__ = [
     "GROUP_OPTIONS",
@@ -62,7 +62,7 @@ def check_tag(tag: object) -> str | None:
         return tag
     raise InvalidArgumentError(
         "tag must be None or a short identifier (a letter or '_', then up to 31 letters, digits "
-        f"or '_'), such as 'ag' or 'cpu'; got {tag!r}"
+        f"or '_'), such as 'ag' or 'cpu'; got {shown(tag)}"
     )
 
 
@@ -91,7 +91,7 @@ def check_group_options(options: Mapping[str, Any] | None, what: str = "group_op
     if options is None:
         return {}
     if not isinstance(options, Mapping):
-        raise UnexpectedArgumentError(f"{what} must be a dict of {list(GROUP_OPTIONS)}, got {options!r}")
+        raise UnexpectedArgumentError(f"{what} must be a dict of {list(GROUP_OPTIONS)}, got {shown(options)}")
     unknown = sorted(map(str, set(options) - set(GROUP_OPTIONS)))
     if unknown:
         raise UnexpectedArgumentError(f"{what} has unknown option(s) {unknown}; accepted: {list(GROUP_OPTIONS)}")
@@ -102,11 +102,12 @@ def check_group_options(options: Mapping[str, Any] | None, what: str = "group_op
     ):
         raise InvalidArgumentError(
             f"timeout must be a positive datetime.timedelta of at most 100 years "
-            f"({datetime.timedelta(seconds=MAX_TIMEOUT_S)}; torch's deadlines overflow beyond) or None, got {timeout!r}"
+            f"({datetime.timedelta(seconds=MAX_TIMEOUT_S)}; torch's deadlines overflow beyond) or None, got "
+            f"{shown(timeout)}"
         )
     desc = checked.get("group_desc")
     if desc is not None and not isinstance(desc, str):
-        raise InvalidArgumentError(f"group_desc must be a str or None, got {desc!r}")
+        raise InvalidArgumentError(f"group_desc must be a str or None, got {shown(desc)}")
     return checked
 
 
@@ -149,13 +150,15 @@ def normalize_backend(backend: object, what: str) -> str | None:
     if backend is None:
         return None
     if not isinstance(backend, str) or not backend.strip():
-        raise BackendError(f"{what} must be None or {_BACKEND_FORMS}; got {backend!r}")
+        raise BackendError(f"{what} must be None or {_BACKEND_FORMS}; got {shown(backend)}")
     known = _known_backends()
     names = sorted(set(known) - {"undefined"})
     text = backend.strip().lower()
     if ":" not in text:
         if text not in names:
-            raise BackendError(f"{what} {backend!r} is not a backend this torch knows; expected one of {names} or None")
+            raise BackendError(
+                f"{what} {shown(backend)} is not a backend this torch knows; expected one of {names} or None"
+            )
         return text
     devices = sorted({device for served in known.values() for device in served} | {"mps"})
     pairs: dict[str, str] = {}
@@ -163,16 +166,18 @@ def normalize_backend(backend: object, what: str) -> str | None:
         device, sep, name = (part.strip() for part in pair.partition(":"))
         if device in names and name in devices:
             raise BackendError(
-                f"{what} {backend!r} has the pair {pair.strip()!r} reversed: pairs are device:backend, "
+                f"{what} {shown(backend)} has the pair {pair.strip()!r} reversed: pairs are device:backend, "
                 f"such as {name + ':' + device!r}"
             )
         if not sep or ":" in name or device not in devices or name not in names:
             raise BackendError(
-                f"{what} {backend!r}: {pair.strip()!r} is not a device:backend pair (devices {devices}, "
+                f"{what} {shown(backend)}: {pair.strip()!r} is not a device:backend pair (devices {devices}, "
                 f"backends {names}); expected {_BACKEND_FORMS}"
             )
         if device in pairs:
-            raise BackendError(f"{what} {backend!r} names device {device!r} twice; give one backend per device")
+            raise BackendError(
+                f"{what} {shown(backend)} names device {shown(device)} twice; give one backend per device"
+            )
         pairs[device] = name
     return ",".join(f"{device}:{name}" for device, name in pairs.items())
 
@@ -245,8 +250,9 @@ def family_options(
         return grid_backend, options
     if tag is None and grid_backend is not None:
         raise BackendError(
-            f"create_pg was asked for backend {kwargs['backend']!r} but this grid was built with backend "
-            f"{grid_backend!r}; give the family a tag (create_pg(..., backend={kwargs['backend']!r}, tag='cpu')) "
+            f"create_pg was asked for backend {shown(kwargs['backend'])} but this grid was built with backend "
+            f"{shown(grid_backend)}; give the family a tag (create_pg(..., "
+            f"backend={shown(kwargs['backend'])}, tag='cpu')) "
             "for a second communicator on another backend"
         )
     return asked, options

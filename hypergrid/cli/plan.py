@@ -23,6 +23,7 @@ from typing import Any
 from hypergrid.cli.arguments import OneLineParser, check_output, parse_int, require_module, write_text, writing
 from hypergrid.errors import HyperGridError, InvalidArgumentError
 from hypergrid.topology import PRESETS, Plan, Tier, Topology, Traffic, llm_step_traffic, plan
+from hypergrid.values import shown
 
 __all__ = ["parse_bytes", "parse_sizes", "parse_traffic", "parse_model", "load_topology", "render_plans", "main"]
 
@@ -39,7 +40,7 @@ def parse_bytes(text: str) -> float:
     """
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]?)B?\s*", text.upper())
     if not match:
-        raise InvalidArgumentError(f"expected a size such as 64M, 1G or 1e9, got {text!r}")
+        raise InvalidArgumentError(f"expected a size such as 64M, 1G or 1e9, got {shown(text)}")
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
@@ -48,9 +49,9 @@ def _pairs(text: str, what: str) -> dict[str, str]:
     for item in text.split(","):
         name, sep, value = item.partition("=")
         if not sep or not name.strip() or not value.strip():
-            raise InvalidArgumentError(f"{what} must be name=value pairs separated by ',', got {text!r}")
+            raise InvalidArgumentError(f"{what} must be name=value pairs separated by ',', got {shown(text)}")
         if name.strip() in pairs:
-            raise InvalidArgumentError(f"{what} names {name.strip()!r} twice in {text!r}")
+            raise InvalidArgumentError(f"{what} names {name.strip()!r} twice in {shown(text)}")
         pairs[name.strip()] = value.strip()
     return pairs
 
@@ -62,7 +63,9 @@ def parse_sizes(text: str) -> dict[str, int]:
         >>> parse_sizes("tp=8,dp=16")
         {'tp': 8, 'dp': 16}
     """
-    return {name: parse_int(value, f"--sizes: size of {name!r}", 1) for name, value in _pairs(text, "--sizes").items()}
+    return {
+        name: parse_int(value, f"--sizes: size of {shown(name)}", 1) for name, value in _pairs(text, "--sizes").items()
+    }
 
 
 def parse_traffic(text: str) -> list[Traffic]:
@@ -76,8 +79,8 @@ def parse_traffic(text: str) -> list[Traffic]:
     for item in text.split(","):
         fields = item.strip().split(":")
         if len(fields) not in (3, 4) or not fields[0]:
-            raise InvalidArgumentError(f"--traffic entries are dims:op:bytes[:calls], got {item!r}")
-        calls = parse_int(fields[3], f"--traffic: calls in {item!r}") if len(fields) == 4 else 1
+            raise InvalidArgumentError(f"--traffic entries are dims:op:bytes[:calls], got {shown(item)}")
+        calls = parse_int(fields[3], f"--traffic: calls in {shown(item)}") if len(fields) == 4 else 1
         entries.append(Traffic(fields[0], fields[1], parse_bytes(fields[2]), calls))
     return entries
 
@@ -92,14 +95,14 @@ def parse_model(text: str, sizes: dict[str, int]) -> list[Traffic]:
     figures: dict[str, Any] = {}
     for name, value in _pairs(text, "--model").items():
         if name not in (*_MODEL_INTS, "params"):
-            raise InvalidArgumentError(f"--model: unknown figure {name!r}; expected {[*_MODEL_INTS, 'params']}")
+            raise InvalidArgumentError(f"--model: unknown figure {shown(name)}; expected {[*_MODEL_INTS, 'params']}")
         if name != "params":
             figures[name] = parse_int(value, f"--model: {name}")
             continue
         try:
             figures[name] = float(value)
         except ValueError:
-            raise InvalidArgumentError(f"--model: {name} must be a number, got {value!r}") from None
+            raise InvalidArgumentError(f"--model: {name} must be a number, got {shown(value)}") from None
     missing = [n for n in ("hidden", "layers", "seq_len", "micro_batch", "params") if n not in figures]
     if missing:
         raise InvalidArgumentError(f"--model needs {missing}")
@@ -121,7 +124,7 @@ def load_topology(text: str) -> Topology:
     except (OSError, ValueError, KeyError, TypeError) as error:
         if isinstance(error, HyperGridError):
             raise
-        raise InvalidArgumentError(f"--topology {text!r}: not a readable topology JSON ({error})") from None
+        raise InvalidArgumentError(f"--topology {shown(text)}: not a readable topology JSON ({error})") from None
 
 
 def render_plans(plans: Sequence[Plan], topology: Topology, sizes: dict[str, int]) -> str:

@@ -32,7 +32,7 @@ __all__ = ["FAMILY_LINE_WIDTH", "parse_grid_arguments", "show", "main"]
 def _parse_list(text: str, what: str) -> list[str]:
     items = [item.strip() for item in text.split(",")]
     if not all(items):
-        raise InvalidArgumentError(f"{what} must be a comma-separated list, got {text!r}")
+        raise InvalidArgumentError(f"{what} must be a comma-separated list, got {shown(text)}")
     return items
 
 
@@ -54,7 +54,7 @@ def parse_grid_arguments(shape_text: str, dims_text: str, offset: int = 0) -> Gr
     try:
         return GridLayout(shape, _parse_list(dims_text, "--dims"), offset)
     except GridSpecError as error:  # say it in the words the user typed
-        raise GridSpecError(f"--shape {shape_text!r} --dims {dims_text!r}: {error}") from None
+        raise GridSpecError(f"--shape {shown(shape_text)} --dims {shown(dims_text)}: {error}") from None
 
 
 def _clip(items: list[Any], limit: int) -> list[Any]:

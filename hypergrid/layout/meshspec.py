@@ -25,6 +25,7 @@ import numpy as np
 
 from hypergrid.errors import DimsError
 from hypergrid.layout import KEY_SEPARATOR, GridLayout
+from hypergrid.values import shown
 
 __all__ = ["MeshDims", "MeshPlan", "MESH_NAME_SEPARATOR"]
 
@@ -55,19 +56,24 @@ class MeshPlan:
         elif isinstance(dims, (list, tuple)):
             elements = list(dims)
         else:
-            raise DimsError(f"mesh dims must be a key like 'dp-tp' or a list of names and tuples, got {dims!r}")
+            raise DimsError(f"mesh dims must be a key like 'dp-tp' or a list of names and tuples, got {shown(dims)}")
         if not elements:
-            raise DimsError(f"mesh dims must name at least one dim of {list(layout.dim_names)}, got {dims!r}")
+            raise DimsError(f"mesh dims must name at least one dim of {list(layout.dim_names)}, got {shown(dims)}")
         members = []
         for element in elements:
             group = (element,) if isinstance(element, str) else element
             if not isinstance(group, (list, tuple)) or not group:
-                raise DimsError(f"mesh dim {element!r} in {dims!r} must be a dim name or a non-empty tuple of names")
-            layout.dim_indices(list(group))  # known and distinct inside the element
+                raise DimsError(
+                    f"mesh dim {shown(element)} in {shown(dims)} must be a dim name or a non-empty tuple of names"
+                )
+            try:
+                layout.dim_indices(list(group))  # known and distinct inside the element
+            except DimsError as error:
+                raise DimsError(f"mesh dims {shown(dims)}: {error}") from None
             canonical = layout.canonical_dims(list(group))
             if tuple(group) != canonical:
                 raise DimsError(
-                    f"combined mesh dim {tuple(group)!r} must name its dims outermost first, {canonical!r}: "
+                    f"combined mesh dim {shown(tuple(group))} must name its dims outermost first, {shown(canonical)}: "
                     "its process groups are the grid's family over those dims, whose ranks torch orders "
                     f"ascending (grid dims innermost first: {list(layout.dim_names)})"
                 )
@@ -75,7 +81,7 @@ class MeshPlan:
         layout.dim_indices([name for group in members for name in group])  # no grid dim twice
         names = tuple(MESH_NAME_SEPARATOR.join(group) for group in members)
         if len(set(names)) != len(names):
-            raise DimsError(f"mesh dims {dims!r} give two mesh dims the same name: {list(names)}")
+            raise DimsError(f"mesh dims {shown(dims)} give two mesh dims the same name: {list(names)}")
         self.layout = layout
         self.members: tuple[tuple[str, ...], ...] = tuple(members)
         self.names: tuple[str, ...] = names

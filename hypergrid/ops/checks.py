@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from hypergrid.binding.failures import communicate
 from hypergrid.errors import CollectiveMismatchError, InvalidArgumentError
-from hypergrid.values import as_int, format_ranks
+from hypergrid.values import as_int, format_ranks, shown
 
 __all__ = [
     "ENV_VARIABLE",
@@ -77,12 +77,13 @@ def check_collectives_flag(value: object) -> bool:
         return value
     if value is not None:
         raise InvalidArgumentError(
-            f"check_collectives must be True, False or None (read {ENV_VARIABLE}), got {value!r}"
+            f"check_collectives must be True, False or None (read {ENV_VARIABLE}), got {shown(value)}"
         )
     text = os.environ.get(ENV_VARIABLE, "").strip().lower()
     if text not in (*_ON, *_OFF):
         raise InvalidArgumentError(
-            f"{ENV_VARIABLE}={os.environ[ENV_VARIABLE]!r}: expected one of {list(_ON)} (on) or {list(_OFF[1:])} (off)"
+            f"{ENV_VARIABLE}={shown(os.environ[ENV_VARIABLE])}: expected one of {list(_ON)} (on) or "
+            f"{list(_OFF[1:])} (off)"
         )
     return text in _ON
 
@@ -102,7 +103,7 @@ def check_reduce_op(op: object, what: str) -> None:
     """
     if not isinstance(op, (dist.ReduceOp, dist.ReduceOp.RedOpType)):
         raise InvalidArgumentError(
-            f"{what}: op={op!r} is not a torch.distributed.ReduceOp; expected one such as "
+            f"{what}: op={shown(op)} is not a torch.distributed.ReduceOp; expected one such as "
             "torch.distributed.ReduceOp.SUM or ReduceOp.MAX"
         )
 
@@ -113,7 +114,7 @@ def _op_code(op: object) -> int:
     if isinstance(op, dist.ReduceOp.RedOpType):
         code: int = op.value
         return code
-    return _code(f"op {op!r}" if not isinstance(op, dist.ReduceOp) else "a custom ReduceOp")
+    return _code(f"op {shown(op)}" if not isinstance(op, dist.ReduceOp) else "a custom ReduceOp")
 
 
 def signature(call: str, tensor: object, op: object = None, extra: object = None) -> list[int]:
@@ -191,7 +192,7 @@ def compare_calls(groups: Sequence[dist.ProcessGroup], row: list[int], tensor: o
     rows = torch.tensor([[dist.get_rank(), *row]], dtype=torch.int64, device=device)
     for group in groups:
         gathered = rows.new_empty((dist.get_world_size(group) * rows.shape[0], rows.shape[1]))
-        communicate(f"{call} over {dims!r} (comparing the call)", all_gather_single, gathered, rows, group=group)
+        communicate(f"{call} over {shown(dims)} (comparing the call)", all_gather_single, gathered, rows, group=group)
         rows = gathered
     table = rows.tolist()
     if all(fields[1:] == table[0][1:] for fields in table):
@@ -202,7 +203,7 @@ def compare_calls(groups: Sequence[dist.ProcessGroup], row: list[int], tensor: o
     if len(calls) > 1:
         listed = "; ".join(f"{text} on rank(s) {format_ranks(ranks)}" for text, ranks in calls.items())
         raise CollectiveMismatchError(
-            f"{call} over dims {dims!r}: the members of the group called it differently: {listed}. Every member "
+            f"{call} over dims {shown(dims)}: the members of the group called it differently: {listed}. Every member "
             "must pass the same op, shape, dtype and device type (checked collectives); nothing else was sent",
             {text: sorted(ranks) for text, ranks in calls.items()},
         )

@@ -29,6 +29,7 @@ from hypergrid.binding.failures import Watched, communicate
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout import Dims
 from hypergrid.ops.checks import all_gather_single, check_collectives_flag, check_reduce_op, compare_calls, signature
+from hypergrid.validation import check_bool, refuse
 from hypergrid.values import as_int, is_int, shown
 
 __all__ = ["Collectives", "check_collectives_flag"]
@@ -52,13 +53,12 @@ def tensor_dim(tensor: object, dim: object, what: str) -> int:
         1
     """
     if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
-        raise InvalidArgumentError(f"{what} needs a tensor with at least one dim, got {tensor!r}")
+        raise refuse(what, "tensor", tensor, "a torch.Tensor with at least one dim")
     ndim = tensor.dim()
     index = as_int(dim)
     if index is None or not -ndim <= index < ndim:
-        raise InvalidArgumentError(
-            f"{what}: dim={dim!r} is not a dim of a tensor of shape {list(tensor.shape)} "
-            f"(expected an int in {-ndim}..{ndim - 1})"
+        raise refuse(
+            what, "dim", dim, f"an int in {-ndim}..{ndim - 1} (a dim of a tensor of shape {list(tensor.shape)})"
         )
     return index % ndim
 
@@ -66,7 +66,7 @@ def tensor_dim(tensor: object, dim: object, what: str) -> int:
 def _check_tensor(tensor: object, what: str, dense: bool = False, written: bool = False) -> torch.Tensor:
     """``tensor`` if it is a tensor; with ``dense`` a strided one; with ``written`` one whose elements own memory."""
     if not isinstance(tensor, torch.Tensor):
-        raise InvalidArgumentError(f"{what} needs a torch.Tensor, got {tensor!r}")
+        raise refuse(what, "tensor", tensor, "a torch.Tensor")
     if dense and tensor.layout != torch.strided:
         raise InvalidArgumentError(
             f"{what} needs a dense (strided) tensor, got a {tensor.layout} tensor of shape {list(tensor.shape)}; "
@@ -102,7 +102,7 @@ class Collectives(GridFacet):
         size = tensor.shape[index]
         if size % members:
             raise InvalidArgumentError(
-                f"{what} over dims {dims!r}: dim {dim} of a tensor of shape {list(tensor.shape)} has size {size}, "
+                f"{what} over dims {shown(dims)}: dim {dim} of a tensor of shape {list(tensor.shape)} has size {size}, "
                 f"which does not divide into {members} equal chunks (the group size)"
             )
         return index, size // members
@@ -164,6 +164,7 @@ class Collectives(GridFacet):
         self._compare_call("all_reduce", dims, tensor, op)
         _check_tensor(tensor, "all_reduce")
         check_reduce_op(op, "all_reduce")
+        check_bool("all_reduce", "async_op", async_op)
         group = self._member_pg(dims, "all_reduce")
         work: Watched | None = communicate(
             f"all_reduce over {shown(dims)}", dist.all_reduce, tensor, op=op, group=group, async_op=async_op
@@ -261,10 +262,11 @@ class Collectives(GridFacet):
         """
         self._compare_call("broadcast", dims, tensor, None, group_src)
         _check_tensor(tensor, "broadcast")
+        check_bool("broadcast", "async_op", async_op)
         members = self.layout.group_size(dims)
         if not is_int(group_src) or not 0 <= group_src < members:
             raise InvalidArgumentError(
-                f"broadcast over dims {dims!r}: group_src={group_src!r} is not a rank of the group "
+                f"broadcast over dims {shown(dims)}: group_src={shown(group_src)} is not a rank of the group "
                 f"(expected an int in 0..{members - 1})"
             )
         group = self._member_pg(dims, "broadcast")
@@ -294,6 +296,7 @@ class Collectives(GridFacet):
             >>> grid.barrier("tp")
             >>> grid.destroy(); dist.destroy_process_group()
         """
+        check_bool("barrier", "async_op", async_op)
         group = self._member_pg(dims, "barrier")
         work: Watched | None = communicate(f"barrier over {shown(dims)}", dist.barrier, group=group, async_op=async_op)
         return work
@@ -359,7 +362,8 @@ class Collectives(GridFacet):
         cuts = {half: self._node_size_of(self._key(dims, None, None, *scope), None, "node") for half, scope in _HALVES}
         if cuts["within"] != cuts["across"]:
             raise InvalidArgumentError(
-                f"the halves of {dims!r} were cut for different node sizes (within: {cuts['within']} ranks per node, "
+                f"the halves of {shown(dims)} were cut for different node sizes (within: {cuts['within']} "
+                f"ranks per node, "
                 f"across: {cuts['across']}); destroy() the grid's groups and create both with one ranks_per_node"
             )
         if checking:

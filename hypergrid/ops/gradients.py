@@ -10,7 +10,6 @@ the group size elsewhere (gloo has no ``AVG``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 import torch
@@ -20,6 +19,8 @@ from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import communicate
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout import Dims
+from hypergrid.validation import check_number
+from hypergrid.values import shown
 
 __all__ = ["Gradients", "gradient_buckets"]
 
@@ -36,13 +37,13 @@ def _parameters(module_or_params: object) -> list[torch.Tensor]:
         found = module_or_params
     else:
         raise InvalidArgumentError(
-            f"average_gradients needs a torch.nn.Module or an iterable of tensors, got {module_or_params!r}"
+            f"average_gradients needs a torch.nn.Module or an iterable of tensors, got {shown(module_or_params)}"
         )
     out: list[torch.Tensor] = []
     seen: set[int] = set()
     for index, param in enumerate(found):
         if not isinstance(param, torch.Tensor):
-            raise InvalidArgumentError(f"average_gradients: item {index} is not a tensor, got {param!r}")
+            raise InvalidArgumentError(f"average_gradients: item {index} is not a tensor, got {shown(param)}")
         if id(param) not in seen:
             seen.add(id(param))
             out.append(param)
@@ -64,9 +65,7 @@ def gradient_buckets(params: list[torch.Tensor], bucket_mb: float) -> list[list[
         >>> [len(bucket) for bucket in gradient_buckets(ps, bucket_mb=25)]
         [2]
     """
-    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not 0 < bucket_mb < math.inf:
-        raise InvalidArgumentError(f"bucket_mb must be a positive number of MiB, got {bucket_mb!r}")
-    limit = bucket_mb * 2**20
+    limit = check_number("average_gradients", "bucket_mb", bucket_mb, positive=True) * 2**20
     open_buckets: dict[tuple[torch.dtype, torch.device], tuple[list[torch.Tensor], list[int]]] = {}
     buckets: list[list[torch.Tensor]] = []
     for param in params:
@@ -133,7 +132,7 @@ class Gradients(GridFacet):
         group = self._member_pg(dims, "average_gradients")
         size = dist.get_world_size(group)
         op = dist.ReduceOp.AVG if dist.get_backend(group) in _BACKENDS_WITH_AVG else dist.ReduceOp.SUM
-        what = f"average_gradients over {dims!r}"
+        what = f"average_gradients over {shown(dims)}"
         for grads in buckets:
             flat = torch.cat([grad.detach().reshape(-1) for grad in grads])
             communicate(what, dist.all_reduce, flat, op=op, group=group)
