@@ -143,7 +143,9 @@ def check_str(call: str, argument: str, value: object, pattern: str | None = Non
     raise refuse(call, argument, value, expected)
 
 
-def check_choice(call: str, argument: str, value: object, choices: Sequence[str]) -> str:
+def check_choice(
+    call: str, argument: str, value: object, choices: Sequence[str], error: type[HyperGridError] = InvalidArgumentError
+) -> str:
     """``value`` if it is one of ``choices`` (strs), else `refuse` listing them.
 
     Examples:
@@ -156,7 +158,7 @@ def check_choice(call: str, argument: str, value: object, choices: Sequence[str]
     """
     if isinstance(value, str) and value in choices:
         return value
-    raise refuse(call, argument, value, "one of " + ", ".join(repr(choice) for choice in choices))
+    raise refuse(call, argument, value, "one of " + ", ".join(repr(choice) for choice in choices), error)
 
 
 def check_ints(
@@ -167,6 +169,7 @@ def check_ints(
     maximum: int | None = None,
     limit: int = 2**31,
     ordered: bool = False,
+    error: type[HyperGridError] = InvalidArgumentError,
 ) -> list[int]:
     """``value`` as a list of ints within the bounds: a list, tuple, range, set or 1-D array (not a str), else `refuse`.
 
@@ -187,14 +190,14 @@ def check_ints(
     elif isinstance(value, (list, tuple, range)) or (not ordered and isinstance(value, (set, frozenset))):
         items = value
     else:
-        raise refuse(call, argument, value, words)
+        raise refuse(call, argument, value, words, error)
     if len(value) > limit:
-        raise refuse(call, argument, value, f"{words}, at most {limit} of them")
+        raise refuse(call, argument, value, f"{words}, at most {limit} of them", error)
     out = []
     for item in items:
         number = as_int(item)
         if number is None or (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
-            raise refuse(call, argument, value, f"{words}; {shown(item)} is not")
+            raise refuse(call, argument, value, f"{words}; {shown(item)} is not", error)
         out.append(number)
     return sorted(out) if isinstance(value, (set, frozenset)) else out
 

@@ -23,7 +23,7 @@ from typing import Any
 from hypergrid.cli.arguments import OneLineParser, check_output, parse_int, require_module, write_text, writing
 from hypergrid.errors import HyperGridError, InvalidArgumentError
 from hypergrid.topology import PRESETS, Plan, Tier, Topology, Traffic, llm_step_traffic, plan
-from hypergrid.values import shown
+from hypergrid.values import first_line, shown
 
 __all__ = ["parse_bytes", "parse_sizes", "parse_traffic", "parse_model", "load_topology", "render_plans", "main"]
 
@@ -121,10 +121,11 @@ def load_topology(text: str) -> Topology:
     try:
         data = json.loads(pathlib.Path(text).read_text())
         return Topology([Tier(**tier) for tier in data["tiers"]])
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
         if isinstance(error, HyperGridError):
             raise
-        raise InvalidArgumentError(f"--topology {shown(text)}: not a readable topology JSON ({error})") from None
+        said = first_line(error)
+        raise InvalidArgumentError(f"--topology {shown(text)}: not a readable topology JSON ({said})") from None
 
 
 def render_plans(plans: Sequence[Plan], topology: Topology, sizes: dict[str, int]) -> str:
@@ -188,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         sizes = parse_sizes(args.sizes)
         topology = load_topology(args.topology)
-        traffic = parse_traffic(args.traffic) if args.traffic else parse_model(args.model, sizes)
+        traffic = parse_traffic(args.traffic) if args.traffic is not None else parse_model(args.model, sizes)
         top = None if args.top is None else parse_int(args.top, "--top", 1)
         if args.json is not None and str(args.json) != "-":
             check_output(args.json, "--json")

@@ -109,7 +109,7 @@ class Elastic(GridFacet):
         self.layout._one_dim(dim)
         check_policy(policy)
         world, rank = dist.get_world_size(), dist.get_rank()
-        named = [] if dead is None else check_ints("shrink", "dead", dead, 0, world - 1, limit=world)
+        named = [] if dead is None else check_ints("shrink", "dead", dead, 0, world - 1, limit=world, error=RankError)
         if rank in named:
             raise RankError(f"shrink: dead={shown(named)} names the calling rank {rank}; a survivor calls shrink")
         if getattr(self._root, "_spares_released", False):  # released spares left: they are gone

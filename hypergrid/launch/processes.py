@@ -224,7 +224,7 @@ def spawn(
     check_int("spawn", "nprocs", nprocs, 1, MAX_SPAWN)
     if not isinstance(args, (tuple, list)):
         raise refuse("spawn", "args", args, "a tuple or list of fn's positional arguments")
-    backend = check_choice("spawn", "backend", backend, ["gloo", "nccl"])
+    backend = check_choice("spawn", "backend", backend, ["gloo", "nccl"], BackendError)
     if backend == "nccl" and not torch.cuda.is_available():
         raise BackendError("backend 'nccl' needs CUDA devices, and torch.cuda.is_available() is False")
     timeout_s = check_timeout(timeout_s, "timeout_s")
