@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hypergrid.errors import public
-from hypergrid.ops.collectives import Collectives, tensor_dim
+from hypergrid.ops.collectives import Collectives
+from hypergrid.ops.tensors import tensor_dim
 from hypergrid.validation import refuse
 
 if TYPE_CHECKING:

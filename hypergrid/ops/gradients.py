@@ -11,16 +11,18 @@ the group size elsewhere (gloo has no ``AVG``).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import communicate
-from hypergrid.errors import InvalidArgumentError
+from hypergrid.errors import HyperGridError, InvalidArgumentError
 from hypergrid.layout import Dims
+from hypergrid.ops.checks import check_code
 from hypergrid.validation import check_number
-from hypergrid.values import shown
+from hypergrid.values import first_line, shown
 
 __all__ = ["Gradients", "gradient_buckets"]
 
@@ -88,8 +90,24 @@ def gradient_buckets(params: list[torch.Tensor], bucket_mb: float) -> list[list[
     return buckets
 
 
+def _layout_of(buckets: list[list[torch.Tensor]]) -> tuple[int, int, int, int]:
+    """What members of a data-parallel group must agree on: gradients, elements, their shapes and dtypes, buckets."""
+    grads = [grad for bucket in buckets for grad in bucket]
+    described = (
+        ";".join(f"{grad.dtype}{list(grad.shape)}" for grad in grads) + "|" + ",".join(map(str, map(len, buckets)))
+    )
+    return len(grads), sum(grad.numel() for grad in grads), check_code(described), len(buckets)
+
+
 class Gradients(GridFacet):
     """Gradient averaging over a family (a mixin of ``HyperCommGrid``)."""
+
+    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.ops.collectives)
+        _root: Any
+
+        def _compare_call(
+            self, call: str, dims: Dims, tensor: object, op: object = None, extra: object = None, aux: Any = ()
+        ) -> None: ...
 
     def average_gradients(self, module_or_params: object, dims: Dims = "dp", *, bucket_mb: float = 25) -> None:
         """Average the gradients of a module's parameters in place over the caller's group of ``dims``.
@@ -116,6 +134,8 @@ class Gradients(GridFacet):
             DimsError: unknown, repeated or no dims.
             InvalidArgumentError: not a module or tensors, a sparse gradient, or a bad ``bucket_mb``.
             RankError: the caller is outside the grid.
+            CollectiveMismatchError: (checked collectives) the members' gradients differ in
+                count, shape, dtype or buckets, or their calls can never meet.
             RankFailure: a member is gone (torch's error is its ``__cause__``).
 
         Examples:
@@ -128,7 +148,16 @@ class Gradients(GridFacet):
             [[1.0, 1.0]]
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        buckets = gradient_buckets(_parameters(module_or_params), bucket_mb)  # every check before communication
+        try:
+            buckets = gradient_buckets(_parameters(module_or_params), bucket_mb)  # every check before communication
+        except HyperGridError as error:
+            if not self._root.check_collectives:
+                raise
+            # Compared all the same, so that the other members raise too instead of waiting: then raised here.
+            self._compare_call("average_gradients", dims, None, aux=(-2, check_code(first_line(error))))
+            raise
+        if self._root.check_collectives:
+            self._compare_call("average_gradients", dims, None, aux=_layout_of(buckets))
         group = self._member_pg(dims, "average_gradients")
         size = dist.get_world_size(group)
         op = dist.ReduceOp.AVG if dist.get_backend(group) in _BACKENDS_WITH_AVG else dist.ReduceOp.SUM
