@@ -129,20 +129,38 @@ def load_topology(text: str) -> Topology:
 
 
 def render_plans(plans: Sequence[Plan], topology: Topology, sizes: dict[str, int]) -> str:
-    """The table: one line per plan, best first, with each family's seconds."""
+    """The table: one line per plan, best first: seconds per step in all, and each family's share (seconds).
+
+    Plans that cost the same are named below the table: each family's groups
+    sit on the same tiers in their orders, so the model cannot tell them apart
+    (typically a dim with no traffic, which may go anywhere among the others).
+    """
     keys = list(dict.fromkeys(key for p in plans for key in p.families))
     tiers = "; ".join(
         f"{t.name}: {'x' + str(t.size) if t.size else 'outer'}, {t.bandwidth / 1e9:g} GB/s, {t.latency * 1e6:g} us"
         for t in topology.tiers
     )
     width = max([len("order (innermost first)"), *(len(",".join(p.order)) for p in plans)])
+    columns = [f"{k} (s)" for k in keys]
     lines = [
-        f"sizes {sizes} on tiers [{tiers}]: {len(plans)} plans, best first",
-        f"{'#':>3}  {'order (innermost first)':<{width}}  {'seconds':>10}  " + "  ".join(f"{k:>10}" for k in keys),
+        f"sizes {sizes} on tiers [{tiers}]: {len(plans)} plans, best first; seconds of communication per step",
+        f"{'#':>3}  {'order (innermost first)':<{width}}  {'seconds':>10}  "
+        + "  ".join(f"{c:>{max(10, len(c))}}" for c in columns),
     ]
     for index, p in enumerate(plans, 1):
-        cells = "  ".join(f"{p.families.get(k, 0.0):>10.4g}" for k in keys)
+        cells = "  ".join(f"{p.families.get(k, 0.0):>{max(10, len(c))}.4g}" for k, c in zip(keys, columns))
         lines.append(f"{index:>3}  {','.join(p.order):<{width}}  {p.seconds:>10.4g}  {cells}")
+    idle = [dim for dim in sizes if not any(dim in key.split("-") for key in keys)]
+    ties: dict[float, list[int]] = {}
+    for index, p in enumerate(plans, 1):
+        ties.setdefault(p.seconds, []).append(index)
+    for seconds, numbers in ties.items():
+        if len(numbers) > 1:
+            why = f" ({', '.join(idle)} carr{'y' if len(idle) > 1 else 'ies'} no traffic)" if idle else ""
+            lines.append(
+                f"plans {', '.join(map(str, numbers))} tie at {seconds:.4g} s: every family's groups sit on the "
+                f"same tiers in these orders{why}; any of them is as good"
+            )
     return "\n".join(lines)
 
 
