@@ -4,7 +4,8 @@ Every error hypergrid raises on bad input is a ``HyperGridError``, and also
 the builtin exception a caller would expect (``ValueError`` for a bad value,
 ``TypeError`` for a bad type, ``KeyError`` for a missing or duplicate group), so
 ``except ValueError`` keeps working in code written for other libraries.
-Messages name the bad value and what was expected.
+Messages name the call the user made (`public`), the bad value and what was
+expected.
 """
 
 from __future__ import annotations
@@ -220,17 +221,30 @@ def _starts_with(text: str, call: str) -> bool:
     return re.match(rf"{re.escape(call)}(?![A-Za-z0-9_])", text) is not None
 
 
+#: Errors about what happened among the ranks (a desync, a dead peer, a mismatch, a worker): their messages say
+#: which collective or creation failed in their own words, and are left as raised. Every other error is about an
+#: argument or the caller's state, and names the call.
+_OUTCOMES: tuple[type[HyperGridError], ...] = (
+    DesyncError,
+    RankFailure,
+    FencedError,
+    CollectiveMismatchError,
+    WorkerError,
+)
+
+
 def name_the_call(error: HyperGridError, call: str) -> None:
     """Put ``call: `` in front of ``error``'s message (in place of a name an inner public call put there).
 
-    A message that already starts with the call's name is left as raised.
+    A message that already starts with the call's name is left as raised, and
+    so are errors about what happened among the ranks (`_OUTCOMES`).
 
     Examples:
         >>> error = InvalidArgumentError("dim must be one dim name, got ['tp', 'dp']")
         >>> name_the_call(error, "shift"); name_the_call(error, "is_first"); str(error)
         "is_first: dim must be one dim name, got ['tp', 'dp']"
     """
-    if not error.args or not isinstance(error.args[0], str):
+    if not error.args or not isinstance(error.args[0], str) or isinstance(error, _OUTCOMES):
         return
     raised = getattr(error, _RAISED, None)
     if raised is None:

@@ -47,7 +47,7 @@ from torch.distributed import distributed_c10d as c10d
 from hypergrid.agreement.diagnosis import read
 from hypergrid.binding.failures import Watched, check_live
 from hypergrid.binding.registry import guard_key
-from hypergrid.errors import CollectiveMismatchError
+from hypergrid.errors import CollectiveMismatchError, RankFailure
 from hypergrid.values import format_ranks
 
 __all__ = ["MAX_READS", "TICK_S", "Pending", "namespace", "wait_comparing"]
@@ -111,12 +111,28 @@ def wait_comparing(work: Watched, what: str, pending: Pending) -> None:
         return
     done = threading.Event()
     future.add_done_callback(lambda _: done.set())
-    if not done.wait(TICK_S) and dist.get_backend() != "fake":
-        with _Watch(pending) as watch:
-            while not done.wait(TICK_S):
-                check_live(what)
-                watch.look()
-    work.wait()
+    try:
+        if not done.wait(TICK_S) and dist.get_backend() != "fake":
+            with _Watch(pending) as watch:
+                while not done.wait(TICK_S):
+                    check_live(what)
+                    watch.look()
+        work.wait()
+    except RankFailure as failure:
+        # A rank that found the calls could never meet raised, and its groups went with its grid: the
+        # connections closed under this rank's gather. Its verdict, not a dead peer, is the news.
+        verdict = _verdict(pending)
+        if verdict is None:
+            raise
+        raise _error(verdict) from failure
+
+
+def _verdict(pending: Pending) -> bytes | None:
+    """The grid's verdict of calls that can never meet, if one was written (one non-blocking read)."""
+    try:
+        return read(c10d._get_default_store(), f"{namespace(pending.root)}/verdict")
+    except RuntimeError:  # no store to ask
+        return None
 
 
 class _Watch:
@@ -148,7 +164,7 @@ class _Watch:
 
     def look(self) -> None:
         """Raise the verdict, if there is one, or the cycle through this rank, if there is one."""
-        verdict = read(self.store, f"{self.space}/verdict")
+        verdict = _verdict(self.pending)
         if verdict is None:
             cycle = self._cycle()
             if cycle is None:

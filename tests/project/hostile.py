@@ -305,10 +305,6 @@ def entries() -> list[Entry]:
              skip={"name": STRINGS})  # fmt: skip
     function("format_ranks", lambda: hypergrid.values.format_ranks, {"ranks": [0, 1]}, skip={"ranks": {"set"}})
     table += _compat_entries(grid)
-    for entry in table:
-        entry.skip = {name: {*entry.skip.get(name, set())} for name in entry.kwargs} | {
-            name: labels for name, labels in entry.skip.items()
-        }
     return table
 
 
