@@ -317,7 +317,7 @@ def compare_calls(
         work = communicate(what, all_gather_single, gathered, rows, group=group, async_op=True)
         pending = Pending(root, family, number, waits_in, description, dict(ledger.counts))
         try:
-            wait_comparing(work, what, pending)
+            wait_comparing(work, what, pending, rows.device.type == "cpu")
         except CollectiveMismatchError as error:
             ledger.broken = error
             raise

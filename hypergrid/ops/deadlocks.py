@@ -34,6 +34,7 @@ reads the verdict key and the records of the ranks it follows (at most
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
 import threading
@@ -93,28 +94,22 @@ def namespace(root: Any) -> str:
     return f"hypergrid/checked/{digest}/e{root._epoch}"
 
 
-def wait_comparing(work: Watched, what: str, pending: Pending) -> None:
+def wait_comparing(work: Watched, what: str, pending: Pending, on_cpu: bool = True) -> None:
     """Wait for a comparison's gather; past `TICK_S`, look for calls that can never meet, each tick.
+
+    ``on_cpu``: the rows are CPU tensors (gloo), so torch's own timed wait
+    ticks (no thread to hand the completion over); else the work's future does.
 
     Raises:
         CollectiveMismatchError: this rank waits in a cycle of calls that can never meet, or another rank
             found one (the verdict key).
         RankFailure: a member is gone, or failure news came (`hypergrid.binding.failures`).
     """
-    if work.work.is_completed():  # the usual case: no thread to wait with
-        work.wait()
-        return
+    done = _ticker(work.work, on_cpu)
     try:
-        future = work.work.get_future()
-    except (AttributeError, RuntimeError):  # no future to watch (a fake group): a plain wait
-        work.wait()
-        return
-    done = threading.Event()
-    future.add_done_callback(lambda _: done.set())
-    try:
-        if not done.wait(TICK_S) and dist.get_backend() != "fake":
+        if not done() and dist.get_backend() != "fake":
             with _Watch(pending) as watch:
-                while not done.wait(TICK_S):
+                while not done():
                     check_live(what)
                     watch.look()
         work.wait()
@@ -125,6 +120,27 @@ def wait_comparing(work: Watched, what: str, pending: Pending) -> None:
         if verdict is None:
             raise
         raise _error(verdict) from failure
+
+
+def _ticker(work: Any, on_cpu: bool) -> Callable[[], bool]:
+    """A wait of at most `TICK_S` for ``work``: True once it ended (done or failed), False when the tick passed."""
+    if on_cpu:
+
+        def timed() -> bool:
+            try:
+                work.wait(datetime.timedelta(seconds=TICK_S))
+            except RuntimeError as error:  # torch's timed wait says "Operation timed out!"; a failure is news
+                return "Operation timed out" not in str(error)
+            return True
+
+        return timed
+    try:
+        future = work.get_future()
+    except (AttributeError, RuntimeError):  # no future to watch: one plain wait
+        return lambda: True
+    ended = threading.Event()
+    future.add_done_callback(lambda _: ended.set())
+    return lambda: ended.wait(TICK_S)
 
 
 def _verdict(pending: Pending) -> bytes | None:
