@@ -44,6 +44,7 @@ import numpy as np
 from hypergrid.errors import DimsError
 from hypergrid.layout import KEY_SEPARATOR, GridLayout
 from hypergrid.layout.economy import PartitionSignature, partition_signature
+from hypergrid.values import shown
 
 __all__ = ["MESH_NAME_SEPARATOR", "Axis", "MeshDims", "MeshPlan", "axis_signature", "family_of_axis"]
 
@@ -66,13 +67,13 @@ def _elements(dims: MeshDims, layout: GridLayout) -> list[tuple[str | None, obje
     if isinstance(dims, Mapping):
         for name in dims:
             if not isinstance(name, str) or not name:
-                raise DimsError(f"mesh dim names must be non-empty str, got {name!r} in {dims!r}")
+                raise DimsError(f"mesh dim names must be non-empty str, got {shown(name)} in {shown(dims)}")
         return list(dims.items())
     if isinstance(dims, (list, tuple)):
         return [(None, element) for element in dims]
     raise DimsError(
         f"mesh dims must be a key like 'dp-tp', a list of names and tuples, or a mapping of mesh dim names "
-        f"to them, got {dims!r} (grid dims: {list(layout.dim_names)})"
+        f"to them, got {shown(dims)} (grid dims: {list(layout.dim_names)})"
     )
 
 
@@ -85,10 +86,10 @@ def _space_of(group: tuple[str, ...], spaces: Sequence[Space], dims: object) -> 
     unknown = [name for name in group if name not in known]
     if unknown:
         where = ", ".join(f"{view} {list(layout.dim_names)}" for view, layout in spaces)
-        raise DimsError(f"unknown dim {unknown[0]!r} in mesh dims {dims!r}; valid dims are {where}")
+        raise DimsError(f"unknown dim {shown(unknown[0])} in mesh dims {shown(dims)}; valid dims are {where}")
     homes = {name: [view for view, layout in spaces if name in layout.dim_names] for name in group}
     raise DimsError(
-        f"combined mesh dim {group!r} mixes dims of different factorizations ({homes}): a combined mesh dim's "
+        f"combined mesh dim {shown(group)} mixes dims of different factorizations ({homes}): a combined mesh dim's "
         "groups are one family, so its dims must all belong to the grid or all to one view"
     )
 
@@ -99,8 +100,8 @@ def _check_orthogonal(axes: Sequence[Axis], names: Sequence[str], dims: object) 
     for (outer, _), (inner, inner_size) in itertools.pairwise(atoms):
         if outer % (inner * inner_size):
             raise DimsError(
-                f"mesh dims {list(names)} from {dims!r} overlap: their dims (stride, size) {atoms} do not nest, so "
-                "some ranks would appear twice in the mesh; take each rank's dims from one factorization"
+                f"mesh dims {list(names)} from {shown(dims)} overlap: their dims (stride, size) {atoms} do not nest, "
+                "so some ranks would appear twice in the mesh; take each rank's dims from one factorization"
             )
 
 
@@ -129,18 +130,20 @@ class MeshPlan:
     ) -> None:
         elements = _elements(dims, layout)
         if not elements:
-            raise DimsError(f"mesh dims must name at least one dim of {list(layout.dim_names)}, got {dims!r}")
+            raise DimsError(f"mesh dims must name at least one dim of {list(layout.dim_names)}, got {shown(dims)}")
         spaces: list[Space] = [(space, layout), *others]
         names, members, homes, axes = [], [], [], []
         for given, element in elements:
             group = (element,) if isinstance(element, str) else element
             if not isinstance(group, (list, tuple)) or not group or not all(isinstance(n, str) for n in group):
-                raise DimsError(f"mesh dim {element!r} in {dims!r} must be a dim name or a non-empty tuple of names")
+                raise DimsError(
+                    f"mesh dim {shown(element)} in {shown(dims)} must be a dim name or a non-empty tuple of names"
+                )
             view, home = _space_of(tuple(group), spaces, dims)
             canonical = home.canonical_dims(list(group))  # known and distinct inside the element
             if tuple(group) != canonical:
                 raise DimsError(
-                    f"combined mesh dim {tuple(group)!r} must name its dims outermost first, {canonical!r}: "
+                    f"combined mesh dim {shown(tuple(group))} must name its dims outermost first, {shown(canonical)}: "
                     "its process groups are the grid's family over those dims, whose ranks torch orders "
                     f"ascending (dims innermost first: {list(home.dim_names)})"
                 )
@@ -151,9 +154,9 @@ class MeshPlan:
         flat = [name for group in members for name in group]
         repeated = sorted({name for name in flat if flat.count(name) > 1})
         if repeated:
-            raise DimsError(f"mesh dims {dims!r} repeat {repeated}; name each dim once")
+            raise DimsError(f"mesh dims {shown(dims)} repeat {repeated}; name each dim once")
         if len(set(names)) != len(names):
-            raise DimsError(f"mesh dims {dims!r} give two mesh dims the same name: {names}")
+            raise DimsError(f"mesh dims {shown(dims)} give two mesh dims the same name: {names}")
         _check_orthogonal(axes, names, dims)
         self.layout = layout
         self.names: tuple[str, ...] = tuple(names)
