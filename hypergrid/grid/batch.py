@@ -36,6 +36,7 @@ from hypergrid.grid.settings import describe, init_kwargs, settings
 from hypergrid.grid.views import BASE_VIEW
 from hypergrid.layout import Dims, GridLayout
 from hypergrid.layout.hierarchy import hierarchical_family, node_size, resolve_scope
+from hypergrid.values import shown
 
 if TYPE_CHECKING:
     from hypergrid.grid.views import RankView
@@ -71,20 +72,21 @@ class GuardedCreation(GridFacet):
 
     def _key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> PgKey:
         """The registry key of a family (or of one half of its hierarchy), with ``tag``; never on a fenced rank."""
-        alarm.check_fence("pg" if tag is None else f"pg(tag={tag!r})")
-        family = self._family(dims, view)[0]
-        return tagged(scoped(family, resolve_scope(within, across)), check_tag(tag))
+        family, checked = self._family(dims, view)[0], check_tag(tag)  # argument errors first
+        alarm.check_fence("pg" if checked is None else f"pg(tag={checked!r})")
+        return tagged(scoped(family, resolve_scope(within, across)), checked)
 
     def _node_size_of(self, key: PgKey | None, given: object, half: object) -> int | None:
         """The node size the half ``key`` was cut with; refuses a ``given`` one that differs or has no ``half``."""
         if given is not None and half is None:
             raise UnexpectedArgumentError(
-                f"ranks_per_node={given!r} without within= or across=; it sets the node size of a hierarchy's half only"
+                f"ranks_per_node={shown(given)} without within= or across=; it sets the node size of a hierarchy's "
+                "half only"
             )
         stored: int | None = self._root._families.get(key, (None, None, None))[2]
         if given is not None and stored is not None and node_size(given) != stored:  # type: ignore[arg-type]
             raise InvalidArgumentError(
-                f"{key!r} was created with ranks_per_node={stored}, not {given!r}: a half is cut once; destroy() "
+                f"{key!r} was created with ranks_per_node={stored}, not {shown(given)}: a half is cut once; destroy() "
                 "the grid's groups to cut it again"
             )
         return stored
@@ -94,7 +96,7 @@ class GuardedCreation(GridFacet):
         if isinstance(dims_list, (str, bytes)) or not isinstance(dims_list, (list, tuple)):
             raise DimsError(
                 f"create_pgs takes a list of dims (each a dim name, a key like 'dp-tp' or a list of names), "
-                f"got {dims_list!r}"
+                f"got {shown(dims_list)}"
             )
         if not dims_list:
             raise DimsError("create_pgs needs at least one family, got an empty list")
@@ -104,7 +106,7 @@ class GuardedCreation(GridFacet):
             key, _, spec = self._family(dims, view)
             if key in seen:
                 raise DimsError(
-                    f"create_pgs got {seen[key]!r} and {dims!r}, which name the same family {key!r}; "
+                    f"create_pgs got {shown(seen[key])} and {shown(dims)}, which name the same family {key!r}; "
                     "list each family once"
                 )
             seen[key] = dims
@@ -292,7 +294,7 @@ class GuardedCreation(GridFacet):
             if key in self._pgs:
                 what = "" if tag is None else f" with tag {tag!r}"
                 raise GroupExistsError(
-                    f"Process group {dims!r}{for_view(key)}{what} has already been created on this grid "
+                    f"Process group {shown(dims)}{for_view(key)}{what} has already been created on this grid "
                     f"(key {key!r}); use get_pg to fetch it, or destroy() the grid's groups first"
                 )
             plans.append((key, layout, ordered))

@@ -39,6 +39,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from hypergrid.binding.registry import PgKey, member_or_none
 from hypergrid.errors import DimsError, InvalidArgumentError, RankError
 from hypergrid.layout.meshspec import Axis, MeshPlan, Space, axis_signature, family_of_axis
+from hypergrid.values import shown
 
 __all__ = ["ROOT_NAME", "GridMesh", "MeshSource", "MeshSources"]
 
@@ -316,7 +317,7 @@ class MeshSources:
     def source(self, device_type: str) -> MeshSource:
         if not isinstance(device_type, str) or not device_type:
             raise InvalidArgumentError(
-                f"to_device_mesh: device_type must be a str like 'cpu' or 'cuda', got {device_type!r}"
+                f"to_device_mesh: device_type must be a str like 'cpu' or 'cuda', got {shown(device_type)}"
             )
         if device_type not in self.by_device:
             self.by_device[device_type] = MeshSource(self.grid, device_type)

@@ -8,6 +8,11 @@ from typing import TYPE_CHECKING, Any
 from hypergrid.binding.facet import GridFacet
 from hypergrid.errors import DimsError
 from hypergrid.layout.meshspec import MeshDims, MeshPlan
+from hypergrid.validation import check_str
+from hypergrid.values import shown
+
+#: What a device type looks like (torch's ``cpu``, ``cuda``, ``xpu``, ``privateuseone``, ...).
+DEVICE_TYPE = r"[a-z][a-z0-9_]{0,31}"
 
 if TYPE_CHECKING:
     from hypergrid.grid.gridmesh import MeshSources
@@ -67,7 +72,7 @@ class MeshExport(GridFacet):
             DimsError: unknown or repeated dims, a combined dim not named
                 outermost first or mixing factorizations, or mesh dims whose
                 ranks overlap.
-            InvalidArgumentError: ``device_type`` is not a non-empty str.
+            InvalidArgumentError: ``device_type`` is not a device type (a short lowercase name).
             RankError: the caller is outside the grid (after taking part in creation).
 
         Examples:
@@ -111,8 +116,9 @@ class MeshExport(GridFacet):
         """
         if not isinstance(dims_list, (list, tuple)):
             raise DimsError(
-                f"to_device_meshes takes a list of mesh dims (each as to_device_mesh takes), got {dims_list!r}"
+                f"to_device_meshes takes a list of mesh dims (each as to_device_mesh takes), got {shown(dims_list)}"
             )
+        check_str("to_device_mesh", "device_type", device_type, DEVICE_TYPE, "a device type like 'cpu' or 'cuda'")
         views = self._root._views
         others = [(name, view.layout) for name, view in views.items() if name != self._view_name]
         plans = [MeshPlan(self.layout, dims, others, space=self._view_name) for dims in dims_list]

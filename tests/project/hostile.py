@@ -304,13 +304,15 @@ def entries() -> list[Entry]:
     function("check_timeout", lambda: hypergrid.values.check_timeout, {"value": 1.0, "name": "t"},
              skip={"name": STRINGS})  # fmt: skip
     function("format_ranks", lambda: hypergrid.values.format_ranks, {"ranks": [0, 1]}, skip={"ranks": {"set"}})
+    table.append(Entry("HyperCommGrid.to_device_meshes", "to_device_meshes", lambda: grid.to_device_meshes,
+                       {"dims_list": [["tp"]], "device_type": "cpu"}))  # fmt: skip
     table += _compat_entries(grid)
     return table
 
 
 def _compat_entries(grid: Any) -> list[Entry]:
     """The drop-in adapters (another helper's code): counted and reported, walked by their own test."""
-    from hypergrid.compat import deepspeed, megatron, mpu
+    from hypergrid.compat import deepspeed, megatron, mpu, torchtitan
 
     def entry(name: str, call: Callable[[], Callable[..., Any]], kwargs: dict[str, Any]) -> Entry:
         return Entry(name, name.rpartition(".")[2], call, kwargs, owner="compat")
@@ -341,6 +343,17 @@ def _compat_entries(grid: Any) -> list[Entry]:
         entry("process_group_families", lambda: megatron.process_group_families, {"grid": grid, "expert": None}),
         entry("MPU", lambda: mpu.MPU, {"grid": grid, "data": "dp", "tensor": "tp", "pipe": [], "create": False}),
         entry("process_groups", lambda: megatron.process_groups, {"grid": grid, "expert": None, "embedding": False}),
+        entry("grid_of", lambda: megatron.grid_of, {"pgs": None}),
+        entry("destroy_process_groups", lambda: megatron.destroy_process_groups, {"pgs": None}),
+        entry("megatron_tokens", lambda: megatron.megatron_tokens, {"order": "tp-dp", "after": "tp"}),
+        entry("setup_model_state", lambda: megatron.setup_model_state, {"pgs": None, "seed": 0}),
+        entry("pipeline_module", lambda: deepspeed.pipeline_module, {"cls": None}),
+        entry("build_mesh", lambda: torchtitan.build_mesh, {"parallel_dims": None, "grid": grid, "device_type": None}),
+        entry(
+            "TitanMeshes",
+            lambda: torchtitan.TitanMeshes,
+            {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "pp": 1, "ep": 1, "world_size": 1, "grid": grid},
+        ),
     ]
 
 

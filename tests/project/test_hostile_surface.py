@@ -39,7 +39,10 @@ def test_the_table_covers_the_public_surface(table: list[hostile.Entry]) -> None
     named = {entry.name.rpartition(".")[2] for entry in table} | {entry.name for entry in table}
     # Callables that take nothing hostile: no arguments, result records, exceptions, predicates by design.
     no_arguments = {"abort", "communicators", "destroy", "is_current_rank_in_grid", "my_coord", "release_spares",
-                    "all_families", "rank_array", "default_device", "world_size_hint", "collection_class"}  # fmt: skip
+                    "all_families", "rank_array", "default_device", "world_size_hint", "collection_class",
+                    "hypergrid_grid"}  # fmt: skip
+    # Command lines: their rule is the CLI's (status 2, one line), tested with them (tests/launch/test_run_health.py).
+    no_arguments |= {"main"}
     records = {"Regrid", "WorkerDeath", "Plan", "Span", "PipelineParallelGrid", "ProcessGroupCollection", "Dims"}
     predicates = {"contains", "as_int", "as_number", "is_int", "shown", "first_line", "_prime_factors"}
     missing = []
@@ -65,7 +68,7 @@ def _class(qualname: str) -> Any:
     return getattr(__import__(module, fromlist=["_"]), name)
 
 
-@pytest.mark.parametrize("owner", ["core"])
+@pytest.mark.parametrize("owner", ["core", "mesh", "lead"])
 def test_every_fixed_hostile_value_is_refused_cleanly(table: list[hostile.Entry], owner: str) -> None:
     failures = []
     for case in (case for case in hostile.cases(table) if case.owner == owner):
@@ -75,8 +78,8 @@ def test_every_fixed_hostile_value_is_refused_cleanly(table: list[hostile.Entry]
     assert not failures, f"{len(failures)} hostile calls not refused cleanly:\n" + "\n".join(failures[:40])
 
 
-@pytest.mark.parametrize("owner", ["compat", "lead", "mesh"])
-@pytest.mark.xfail(strict=True, reason="checks in code other owners keep (the lead's batch.py, mesh.py, compat/*)")
+@pytest.mark.parametrize("owner", ["compat"])
+@pytest.mark.xfail(strict=True, reason="the adapters' own checks (compat/*) are not all there yet")
 def test_hostile_values_into_code_other_owners_keep(table: list[hostile.Entry], owner: str) -> None:
     assert all(
         hostile.outcome(case.entry, case.parameter, hostile.HOSTILE[case.label])[0] == "clean"
