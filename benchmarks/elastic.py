@@ -1,25 +1,30 @@
-"""Recovery from a dead rank with ``grid.shrink``, and the survivors' agreement round at scale.
+"""Recovery from a SIGKILL nobody names, end to end, and the roll call and agreement at scale.
 
-    python benchmarks/elastic.py [--world 8] [--repeats 3] [--timeout-s 2] [--participants 1024,16384,131072]
+    python benchmarks/elastic.py [--world 4,8,16] [--repeats 3] [--participants 1024,16384,131072]
         [--threads 16] [--json PATH]
 
-Recovery: ``--world`` gloo ranks (``hypergrid.spawn``, store in the parent), grid
-tp=2 x dp=world/2 with the families ``tp``, ``dp``, ``dp-tp`` and a tagged
-``dp``; rank 3 exits; one second later every survivor calls ``shrink`` and
-then one all-reduce over the new grid. Timed on each survivor from the call to
-``shrink`` to the end of that first collective, split into the phases
-``Regrid.seconds`` reports (agreement, abort, re-formed world, re-created
-families) and the first collective; a row gives the slowest survivor's
-figures (retired ranks excluded), median over ``--repeats`` fresh jobs. Two
-modes: the survivors name the dead (``dead=[3]``) or leave it to the timeout
-(``dead=None``, ``timeout_s=--timeout-s``).
+End to end: ``--world`` gloo ranks (``hypergrid.spawn``, the store in the
+parent), grid tp=2 x dp=world/2 with the families ``tp``, ``dp``, ``dp-tp``
+and a tagged ``dp``, groups' timeout 600 s (production-like). The ranks run
+steps (a ``tp`` then a ``dp`` all-reduce); in step 2 rank 3 SIGKILLs itself
+(after writing the time to the store). Every survivor catches ``RankFailure``
+(the world's roll call names the dead), calls ``shrink(dead=failure.dead or None)``
+and runs one all-reduce over the new grid. Per survivor, wall-clock from the
+SIGKILL: **detection** (to ``RankFailure``), then the shrink's phases
+(``Regrid.seconds``): **agreement**, **re-form** (abort + the new world) and
+**re-create** (families + commit), then the **first collective**; **total**
+is from the SIGKILL to the end of that collective. A row is the slowest
+survivor's figures (retired ranks excluded), median over ``--repeats`` fresh
+jobs (each column its own median). A row "+ second death" kills rank 2 too,
+as it leaves the old world inside the survivors' shrink (after its teardown):
+the shrink absorbs it with a second attempt.
 
-Agreement at scale: one real ``TCPStore`` server and ``--threads`` client
-connections playing every participant, as ``benchmarks/guard.py`` does, for
-`hypergrid.agreement.membership.MembershipRound` (one rank named dead, all
-others agreeing) next to the guard's round (`hypergrid.agreement.protocol.Round`)
-at the same size. Reported: the round's time and the store operations of the
-busiest participant and of all.
+At scale: one real ``TCPStore`` server and ``--threads`` client connections
+playing every participant (as ``benchmarks/guard.py`` does): the world's roll
+call (`hypergrid.agreement.liveness.Incident`, the last rank dead, so it closes
+at its deadline) and the survivors' agreement
+(`hypergrid.agreement.membership.MembershipRound`), with the store operations
+of the busiest participant and of all.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import argparse
 import datetime
 import os
 import pathlib
+import signal
 import sys
 import time
 from typing import Any
@@ -40,52 +46,100 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from benchmarks.common import median, progress, write_json
 from benchmarks.guard import simulate
-from hypergrid import HyperCommGrid, spawn
+from hypergrid import HyperCommGrid, RankFailure, spawn
+from hypergrid.agreement.liveness import FAILURE, Incident, bound_s, incident_prefix
 from hypergrid.agreement.membership import MembershipRound, Proposal, round_prefix
+from hypergrid.binding.reform import current_epoch
 
-PHASES = ("agreement", "abort", "world", "families", "first_collective", "total")
-VICTIM = 3
+PHASES = ("detection", "agreement", "re-form", "re-create", "first_collective", "total")
+VICTIM, SECOND = 3, 2
 _TIMEOUT = datetime.timedelta(seconds=900)
 
 
-def recovery_worker(given: bool, timeout_s: float) -> dict[str, float] | None:
-    """One rank of the recovery job: the survivors' phase times (None on the victim and retired ranks)."""
+def recovery_worker(second_death: bool) -> dict[str, float] | None:
+    """One rank of the job: the survivors' times from the SIGKILL (None on the dead and the retired)."""
     grid = HyperCommGrid(
         [2, dist.get_world_size() // 2],
         ["tp", "dp"],
         guard_timeout_s=60.0,
-        group_options={"timeout": datetime.timedelta(seconds=30)},
+        group_options={"timeout": datetime.timedelta(seconds=600)},
     )
     grid.create_pgs(["tp", "dp", ["dp", "tp"]])
     grid.create_pg("dp", tag="ag")
-    dist.barrier()
-    if dist.get_rank() == VICTIM:
-        os._exit(1)
-    time.sleep(1.0)
-    began = time.perf_counter()
-    regrid = grid.shrink(dead=[VICTIM] if given else None, timeout_s=timeout_s)
+    base, rank = current_epoch().base_store, dist.get_rank()
+    if second_death and rank == SECOND:
+        real_abort = HyperCommGrid.abort
+
+        def abort_then_die(self: Any) -> None:  # inside the shrink, once the old groups are torn down
+            real_abort(self)
+            os._exit(1)
+
+        HyperCommGrid.abort = abort_then_die  # type: ignore[method-assign]
+    x = torch.ones(1)
+    try:
+        for step in range(4):
+            if step == 2 and rank == VICTIM:
+                base.set("bench/killed", repr(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            grid.all_reduce(x, "tp")
+            grid.all_reduce(x, "dp")
+        return None
+    except RankFailure as failure:
+        caught = time.time()
+        killed = float(base.get("bench/killed").decode())
+        regrid = grid.shrink(dead=failure.dead or None, timeout_s=30.0)
     if regrid.retired:
         return None
-    before = time.perf_counter()
     regrid.grid.all_reduce(torch.ones(1), ["dp", "tp"])
-    end = time.perf_counter()
-    return {**regrid.seconds, "first_collective": end - before, "total": end - began}
+    end = time.time()
+    seconds = regrid.seconds
+    times = {
+        "detection": caught - killed,
+        "agreement": seconds["agreement"],
+        "re-form": seconds["abort"] + seconds["world"],
+        "re-create": seconds["families"] + seconds["commit"],
+        "total": end - killed,
+        "attempts": float(regrid.attempts),
+    }
+    times["first_collective"] = times["total"] - times["detection"] - sum(seconds.values())
+    return times
 
 
-def recovery(world: int, repeats: int, timeout_s: float) -> list[dict[str, Any]]:
-    rows = []
-    for given in (True, False):
-        samples = []
-        for repeat in range(repeats):
-            results = spawn(recovery_worker, world, (given, timeout_s), timeout_s=300, allow_deaths=True)
-            times = [r for r in results if isinstance(r, dict)]
-            slowest = {phase: max(t[phase] for t in times) for phase in PHASES}
-            progress(f"# world {world}, dead {'given' if given else 'by timeout'}, job {repeat + 1}: {slowest}")
-            samples.append(slowest)
-        row: dict[str, Any] = {"ranks": world, "dead": "given" if given else f"timeout {timeout_s:g} s"}
-        row.update({phase: median([sample[phase] for sample in samples]) for phase in PHASES})
-        rows.append({**row, "repeats": repeats})
-    return rows
+def recovery(world: int, repeats: int, second_death: bool) -> dict[str, Any]:
+    samples = []
+    for repeat in range(repeats):
+        results = spawn(recovery_worker, world, (second_death,), timeout_s=300, allow_deaths=True)
+        times = [r for r in results if isinstance(r, dict)]
+        slowest = {phase: max(t[phase] for t in times) for phase in (*PHASES, "attempts")}
+        progress(f"# world {world}{' + second death' if second_death else ''}, job {repeat + 1}: {slowest}")
+        samples.append(slowest)
+    row: dict[str, Any] = {"ranks": world, "second_death": second_death, "repeats": repeats}
+    row.update({phase: median([sample[phase] for sample in samples]) for phase in (*PHASES, "attempts")})
+    return row
+
+
+class _RollCall:
+    """One rank's side of a roll call, as `benchmarks.guard.simulate` drives it: True where it read the verdict."""
+
+    def __init__(self, store: Any, prefix: str, rank: int, size: int) -> None:
+        self.incident = Incident(store, prefix, rank, range(size + 1))  # rank ``size`` never answers
+        self.size = size
+        self.call = ""
+
+    def arrive(self) -> bool:
+        self.call = self.incident.answer() or ""
+        return False
+
+    def decide(self) -> bool:  # never: with a dead rank nobody's answer completes the roll call
+        raise AssertionError("a roll call with a dead rank closes at its deadline")
+
+    def await_verdict(self) -> bool:
+        deadline = time.monotonic() + bound_s(self.size + 1)
+        verdict = self.incident.close(self.call, deadline)
+        if verdict is None:
+            return False
+        self.incident.conclude(verdict)
+        return verdict.dead == (self.size,)
 
 
 class _Agreeing:
@@ -104,20 +158,26 @@ class _Agreeing:
         return self.side.await_verdict() == self.side.proposal.dead
 
 
-def agreement(sizes: list[int], threads: int) -> list[dict[str, Any]]:
+def at_scale(sizes: list[int], threads: int) -> list[dict[str, Any]]:
     server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=_TIMEOUT)
     clients = [TCPStore("127.0.0.1", server.port, is_master=False, timeout=_TIMEOUT) for _ in range(threads)]
     baseline = server.num_keys()
     rows = []
     for size in sizes:
-        # `size` survivors of a world of size + 1 whose last rank is dead; the guard's round at the same size.
+        # `size` live ranks of a world of size + 1 whose last rank is dead.
+        prefix = incident_prefix(size, 0)
+        server.set(f"{prefix}/call", f"{FAILURE} benchmark")
+
+        def roll_call(store: Any, rank: int, prefix: str = prefix, size: int = size) -> Any:
+            return _RollCall(store, prefix, rank, size)
+
         proposal = Proposal((size,), "drop", "dp")
-        prefix = round_prefix(size)
 
-        def make(store: Any, rank: int, prefix: str = prefix, proposal: Proposal = proposal, size: int = size) -> Any:
-            return _Agreeing(MembershipRound(store, prefix, rank, range(size + 1), proposal, _TIMEOUT.total_seconds()))
+        def agreeing(store: Any, rank: int, size: int = size, proposal: Proposal = proposal) -> Any:
+            side = MembershipRound(store, round_prefix(size), rank, range(size + 1), proposal, 900.0)
+            return _Agreeing(side)
 
-        for impl, maker in (("shrink agreement", make), ("guard round", None)):
+        for impl, maker in (("roll call", roll_call), ("shrink agreement", agreeing)):
             sample = simulate("hypergrid", size, clients, f"bench/elastic/{impl}/{size}", maker)
             left = server.num_keys() - baseline
             if left:
@@ -129,21 +189,24 @@ def agreement(sizes: list[int], threads: int) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--world", default="8", help="comma-separated world sizes for the recovery (default 8)")
-    parser.add_argument("--repeats", type=int, default=3, help="fresh jobs per world size and mode (default 3)")
-    parser.add_argument("--timeout-s", type=float, default=2.0, help="shrink's timeout when the dead are not named")
-    parser.add_argument("--participants", default="1024,16384", help="comma-separated sizes for the agreement round")
-    parser.add_argument("--threads", type=int, default=16, help="client connections for the agreement round")
+    parser.add_argument("--world", default="8", help="comma-separated world sizes (default 8)")
+    parser.add_argument("--repeats", type=int, default=3, help="fresh jobs per row (default 3)")
+    parser.add_argument("--no-second-death", action="store_true", help="skip the rows with a death inside shrink")
+    parser.add_argument("--participants", default="1024,16384", help="comma-separated sizes for the rounds at scale")
+    parser.add_argument("--threads", type=int, default=16, help="client connections for the rounds at scale")
     parser.add_argument("--json", type=pathlib.Path, help='write {"rows": [...]} here')
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     for world in [int(w) for w in args.world.split(",") if w]:
-        rows += recovery(world, args.repeats, args.timeout_s)
-    print(f"{'ranks':>5} {'dead':<14} " + " ".join(f"{phase:>16}" for phase in PHASES))
+        rows.append(recovery(world, args.repeats, False))
+        if not args.no_second_death:
+            rows.append(recovery(world, args.repeats, True))
+    print(f"{'ranks':>5} {'second death':<12} " + " ".join(f"{phase:>16}" for phase in PHASES) + "  attempts")
     for row in rows:
-        print(f"{row['ranks']:>5} {row['dead']:<14} " + " ".join(f"{row[phase] * 1e3:>13.1f} ms" for phase in PHASES))
+        cells = " ".join(f"{row[phase] * 1e3:>13.1f} ms" for phase in PHASES)
+        print(f"{row['ranks']:>5} {'yes' if row['second_death'] else 'no':<12} {cells}  {row['attempts']:>8.0f}")
     sizes = [int(size) for size in args.participants.split(",") if size]
-    scale = agreement(sizes, args.threads) if sizes else []
+    scale = at_scale(sizes, args.threads) if sizes else []
     print(f"{'participants':>12} {'round':<17} {'seconds':>9} {'ops busiest':>11} {'ops total':>10}")
     for row in scale:
         print(

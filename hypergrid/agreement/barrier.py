@@ -12,7 +12,9 @@ Keys under the barrier's prefix ``P``: ``P/count`` (arrivals, then reads of
 ``ok``), ``P/verdict`` (``ok``, or the failure as JSON) and, after a failure,
 ``P/read`` (live members that read it). Per rank: one ``add``, one ``wait``
 and one read, one more ``add`` once read; the rank whose arrival completes
-the count writes ``ok`` instead of waiting; the last reader deletes the keys. (A member declared
+the count writes ``ok`` instead of waiting; the last reader deletes the keys. A *lingering* barrier
+(the guard's commit) skips the second ``add``: its caller deletes the keys when
+every member is known to have read the outcome. (A member declared
 dead that comes back later, resumed after SIGSTOP, gets the failure; the one
 or two keys its late arrival writes are left behind.)
 
@@ -67,6 +69,8 @@ class Barrier:
         what: the step, as failures should name it.
         probe: runs a roll call and returns every rank found dead so far (None: none).
         side: a store connection the probing thread may use while this rank's is blocked (needed with ``probe``).
+        linger: on success, leave the count and the verdict (``count_key``, ``verdict_key``) for the caller to
+            delete once every member is known to have read it (one operation less per member).
     """
 
     def __init__(
@@ -79,6 +83,7 @@ class Barrier:
         what: str,
         probe: Callable[[], Sequence[int]] | None = None,
         side: Any = None,
+        linger: bool = False,
     ) -> None:
         self.store = store
         self.side = side
@@ -91,10 +96,12 @@ class Barrier:
         self._count = f"{prefix}/count"
         self._verdict = f"{prefix}/verdict"
         self._read = f"{prefix}/read"
+        self.linger = linger
+        self.position = 0  # this member's arrival order (1 for the first), once `run` counted it
 
     def run(self) -> None:
         """Reach the barrier; return once every member did, else raise `BarrierFailed` (the same on every member)."""
-        arrived = self.store.add(self._count, 1)
+        arrived = self.position = self.store.add(self._count, 1)
         if arrived >= len(self.members):
             self._conclude(self._publish("ok"))
             return
@@ -107,6 +114,16 @@ class Barrier:
             if prober is not None:
                 prober.stop()
         self._conclude(data)
+
+    @property
+    def count_key(self) -> str:
+        """The arrivals' counter."""
+        return self._count
+
+    @property
+    def verdict_key(self) -> str:
+        """Where the outcome is written."""
+        return self._verdict
 
     def fail(self, store: Any, message: str, dead: Sequence[int] = ()) -> None:
         """Fail the barrier from outside (another thread's ``store`` connection): its waiters wake at once."""
@@ -141,6 +158,8 @@ class Barrier:
 
     def _conclude(self, data: bytes) -> None:
         if data == b"ok":  # every member arrived: the count goes on to 2N with the reads, the last deletes
+            if self.linger:
+                return  # the caller deletes the keys once every member read the outcome (`keys`)
             if self.store.add(self._count, 1) >= 2 * len(self.members):
                 self.store.delete_key(self._count)
                 self.store.delete_key(self._verdict)

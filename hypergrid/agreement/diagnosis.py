@@ -166,8 +166,8 @@ def await_value(store: Any, key: str, until: float) -> bytes | None:
 
 
 def is_open(store: Any, prefix: str) -> bool:
-    """A round has begun (its arrival counter exists) and has no verdict yet."""
-    return read(store, f"{prefix}/verdict") is None and read(store, f"{prefix}/arrived") is not None
+    """A round has begun (its roster exists) and has no verdict yet."""
+    return read(store, f"{prefix}/verdict") is None and read(store, f"{prefix}/roster") is not None
 
 
 def alive_of(store: Any, prefix: str) -> set[int]:
@@ -215,7 +215,7 @@ def waiting_elsewhere(
             if verdict.kind in ("mismatch", "outofstep") and digest in verdict.about:
                 stuck[rank], found = seen, verdict
             continue
-        if read(store, f"{seen.prefix}/arrived") is None:
+        if read(store, f"{seen.prefix}/roster") is None:
             continue  # that round ended well: between rounds, not stuck
         there = roster_of(store, seen.prefix)[0]
         if any(other in here and other not in there for other in parse_runs(seen.participants)):

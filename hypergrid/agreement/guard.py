@@ -10,10 +10,13 @@ a `GuardTimeoutError` naming the ranks that did not arrive.
 One guard round runs before each ``create_pg`` and each ``create_pgs`` (one
 round for the whole batch), through the default group's store
 (``torch.distributed.distributed_c10d._get_default_store()``, looked up at each
-call). The protocol is `hypergrid.agreement.protocol.Round`: a constant number of
-store operations per participant on the success path, whatever the number of
-participants; the round's keys are deleted by the participants themselves once
-everyone has read the verdict. A waiting rank logs a warning on the
+call). The protocol is `hypergrid.agreement.protocol.Round`: 4 store operations
+per participant on the success path, whatever the number of participants. After
+torch created the groups, the participants commit (`settle`: 2 or 3 operations
+each) and delete what every one of them has read, one key per participant at
+most (`_tidy`): a creation costs at most 8 operations on any rank. The last
+commit's verdict of each scope stays until the next commit or ``destroy()``
+(`GuardLedger.release`). A waiting rank logs a warning on the
 ``"hypergrid"`` logger every ``progress_s`` seconds (the first after
 ``min(progress_s, timeout_s / 4)``).
 
@@ -62,6 +65,7 @@ __all__ = [
     "creation_failed",
     "grid_ordinal",
     "grid_scope",
+    "guard_failures",
     "roll_call",
     "settle",
 ]
@@ -69,7 +73,24 @@ __all__ = [
 _PREFIX = "hypergrid/guard"
 
 _leftovers = PerWorld()  # scope family -> prefixes of its rounds that failed (their keys are still stored)
+_last_commits = PerWorld()  # scope family -> the prefix of its last commit that passed (its verdict is stored)
 _ordinals: dict[str, int] = {}  # grid description -> grids of it built in this process
+_failures = {"count": 0}  # guard rounds that failed in this process, on any grid
+
+
+def guard_failures() -> int:
+    """How many guard rounds failed in this process so far, on any grid.
+
+    An out-of-step verdict can span grids (a rank created on grid ``b`` while
+    the others created on ``a``): ``destroy()`` of a grid starts a new epoch
+    when a round failed since its epoch began, even if this rank never used
+    the grid, as it does on the ranks that did.
+
+    Examples:
+        >>> guard_failures() >= 0
+        True
+    """
+    return _failures["count"]
 
 
 @dataclass(frozen=True)
@@ -144,19 +165,27 @@ class GuardLedger:
     def __init__(self) -> None:
         self.rounds: dict[str, set[int]] = {}  # failed round's prefix -> its ranks known dead
         self.ranks: set[int] = set()  # ranks whose announcement to delete (besides this rank's)
+        self.commits: dict[str, tuple[str, int]] = {}  # scope family -> its last passed commit's prefix, members
 
     def release(self) -> None:
         """Count this rank out of the recorded rounds, deleting each once its last live participant did so."""
         rounds, self.rounds = self.rounds, {}
         ranks, self.ranks = self.ranks, set()
+        commits, self.commits = self.commits, {}
         if not dist.is_initialized() or dist.get_backend() == "fake" or dist.get_world_size() < 2:
             return
         store = c10d._get_default_store()
         for family_rounds in _leftovers.get().values():
             family_rounds[:] = [prefix for prefix in family_rounds if prefix not in rounds]
+        last = _last_commits.get()
         with contextlib.suppress(RuntimeError):  # the store is gone: nothing left to delete
             for prefix, dead in rounds.items():
                 _release_round(store, prefix, dead)
+            for family, (prefix, members) in commits.items():
+                last.pop(family, None)
+                if store.add(f"{prefix}/released", 1) >= members:  # the last member to let go deletes it
+                    store.delete_key(f"{prefix}/verdict")
+                    store.delete_key(f"{prefix}/released")
             for rank in sorted(ranks | {dist.get_rank()}):
                 store.delete_key(announce_key(rank))
 
@@ -209,6 +238,7 @@ def agree(
     rank = dist.get_rank()
     verdict = Round(store, scope.prefix, rank, participants, request, timeout_s, progress_s, leftovers).run()
     if verdict.kind != "ok":
+        _failures["count"] += 1
         leftovers.append(scope.prefix)
         if ledger is not None:
             ledger.record(scope.prefix, [rank for first, last in verdict.dead for rank in range(first, last + 1)])
@@ -264,10 +294,35 @@ def settle(
     rank = dist.get_rank()
     probe, side = _liveness(participants)
     deadline = started + timeout_s
+    barrier = Barrier(store, prefix, rank, participants, deadline, f"the end of creating {what}", probe, side, True)
     try:
-        Barrier(store, prefix, rank, participants, deadline, f"the end of creating {what}", probe, side).run()
+        barrier.run()
     except BarrierFailed as failed:
         raise creation_failed(None, what, prefix, participants, started, timeout_s, ledger, failed.dead) from None
+    _tidy(store, prefix, barrier, len(participants), ledger)
+
+
+def _tidy(store: Any, prefix: str, barrier: Barrier, members: int, ledger: GuardLedger | None) -> None:
+    """The commit under ``prefix`` passed: delete what nobody reads any more, one key per member at most.
+
+    Every member read the round's verdict before it committed, and the previous
+    commit of the same scope family before it arrived here: the round's roster
+    and verdict, this commit's count and the previous commit's verdict go, the
+    member that arrived ``i``-th deleting the ``i``-th (and every ``members``-th
+    after it, where there are fewer members than keys). This commit's verdict
+    stays until the next commit of the family passes, or ``destroy()``.
+    """
+    round_prefix = prefix.rpartition("/")[0]
+    family = round_prefix.rpartition("/")[0]
+    last = _last_commits.get()
+    keys = [f"{round_prefix}/roster", f"{round_prefix}/verdict", barrier.count_key]
+    if family in last:
+        keys.append(f"{last[family]}/verdict")
+    for index in range(barrier.position - 1, len(keys), members):
+        store.delete_key(keys[index])
+    last[family] = prefix
+    if ledger is not None:
+        ledger.commits[family] = (prefix, members)
 
 
 def creation_failed(

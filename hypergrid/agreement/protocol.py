@@ -11,40 +11,41 @@ Keys of one round, under its prefix ``P``:
 - ``P/count/<digest>``: how many participants sent the request with that digest;
 - ``P/roster``: one line per participant (``rank digest``), the first line of
   each digest followed by the request itself: diagnosis needs no other key;
-- ``P/arrived``: one counter in three fields: arrivals and completions (low
-  30 bits), "one request was counted N times" (bit 30) and, from bit 31 up,
-  how many participants gave up waiting;
 - ``P/verdict``: ``ok``, or the failure as JSON;
-- ``P/alive``: on slow rounds only, the ranks still waiting (a roll call).
+- ``P/alive``: on slow rounds only, the ranks still waiting (a roll call);
+- ``P/timeouts``: on failed rounds only, how many participants gave up.
 
-Besides, each participant announces where it is under
-``hypergrid/guard/at/<rank>`` (one key per rank, overwritten each round; see
-`hypergrid.agreement.diagnosis`).
+A participant adds 1 to the count of its request's digest and appends its
+roster line. The one whose add makes the count N, the *decider*, knows that
+every participant sent the same request: it writes ``P/verdict`` (one
+``compare_set``: a failure published first stands) and deletes the count. The
+others wait for ``P/verdict`` and read it. Per participant that is 4 store
+operations (count, roster, wait, read; the decider: count, roster, publish,
+delete), whatever the number of participants. The roster and the verdict stay
+for the commit that follows the creation (`hypergrid.agreement.guard.settle`),
+whose members delete them once every participant has read the verdict.
 
-A participant announces itself, adds 1 to the count of its request's digest,
-appends its roster line and adds 1 to ``P/arrived`` (plus bit 30 if its count
-came back N: then every participant sent its request). The one whose add makes
-the arrivals N, the *decider*, sees in the value whether all agree (bit 30 set)
-and writes ``P/verdict``, then deletes the counts and the roster. The others
-wait for ``P/verdict``, read it, and then add 1 to ``P/arrived``: the one whose
-add makes it 2N - 1 is the last, and deletes ``P/arrived``, ``P/verdict`` and
-``P/alive`` (reading before counting means the verdict is never deleted under a
-reader). Per participant that is 7 operations (announce, count, roster, arrive;
-then publish and 2 deletes on the decider, wait, read and count on the others),
-10 on the last one, whatever the number of participants.
+Where the requests differ, no count reaches N and nobody decides at once: the
+first participant of each request, probing the round at its probe time
+(`probe_s`: 1 s, at most a quarter of the timeout), finds every participant in
+the roster and publishes the mismatch. A participant announces where it is
+under ``hypergrid/guard/at/<rank>`` (one key per rank, overwritten; see
+`hypergrid.agreement.diagnosis`) only when its round is slow: after half its
+probe time, and before it probes or gives up; a round that ends in time costs
+no announcement.
 
-Slow paths: the first participant to arrive probes a round that is still open
-after its probe time (`probe_s`, and at every progress line) for ranks waiting
-in another open round that waits for a rank here, and ends the round with an
-out-of-step (or mismatch) verdict naming both. Waiters mark themselves alive at
-their first progress line. A participant whose timeout
-passes adds one timeout to ``P/arrived``: if it is the first and not everyone
-has arrived, it reads the roster, names the missing ranks (and where they last
-were) and writes that verdict; whichever comes first, the decider's arrival or
-that timeout, decides for everyone. If everyone arrived but no verdict came
-within the timeout plus a grace, the participants' roll call names the ones
-that stopped answering. A rank that reads a verdict decided about another
-request than its own is out of step, and is told so about its own request.
+Slow paths: the first participant of a request probes a round that is still
+open after its probe time (and at every progress line) for a complete roster
+with differing requests, and for ranks waiting in another open round that
+waits for a rank here; it ends the round with a mismatch or out-of-step
+verdict naming both. Waiters mark themselves alive at their first progress
+line. A participant whose timeout passes reads the roster, names the missing
+ranks (and where they last were) and publishes that verdict; whichever is
+published first, the decider's or a timeout's, stands for everyone. If no
+verdict came within the timeout plus a grace, the participants' roll call names
+the ones that stopped answering. A rank that reads a verdict decided about
+another request than its own is out of step, and is told so about its own
+request.
 """
 
 from __future__ import annotations
@@ -71,10 +72,6 @@ __all__ = ["LOGGER", "PROBE_S", "Round", "grace_s", "probe_s", "round_keys"]
 #: The logger of the progress lines (``logging.getLogger("hypergrid")``).
 LOGGER = logging.getLogger("hypergrid")
 
-_FIELD = 1 << 30  # P/arrived: arrivals and completions count below this (rounds of up to 2**29 ranks)
-_AGREE = _FIELD  # one request's count reached the number of participants: all agree
-_TIMEOUT = _FIELD << 1  # one participant gave up waiting
-
 #: The first probe of an open round comes after `probe_s` seconds: at least this long.
 PROBE_S = 1.0
 #: ...or this long per participant, so that a large round that is merely busy is not probed.
@@ -97,7 +94,8 @@ def probe_s(participants: int, timeout_s: float) -> float:
 
 def round_keys(prefix: str) -> list[str]:
     """The keys a round under ``prefix`` may leave when it fails (each participant deletes its count)."""
-    names = ("arrived", "roster", "verdict", "alive", "alive-count", "alive-done", "released", "count", "read")
+    names = ("arrived", "roster", "verdict", "alive", "alive-count", "alive-done", "released", "count", "read",
+             "commit/count", "commit/verdict", "commit/read", "commit/released")  # fmt: skip
     return [f"{prefix}/{name}" for name in names]
 
 
@@ -109,11 +107,6 @@ def grace_s(timeout_s: float) -> float:
         (2.0, 15.0, 60.0)
     """
     return min(max(2.0, timeout_s / 4), 60.0)
-
-
-def _fields(value: int) -> tuple[int, bool, int]:
-    """``P/arrived`` split: (arrivals and completions, all agree, timeouts)."""
-    return value % _FIELD, bool(value & _AGREE), value // _TIMEOUT
 
 
 class Round:
@@ -158,13 +151,13 @@ class Round:
         self.progress_s = progress_s
         self.stale = tuple(stale)
         self._count_key = f"{prefix}/count/{request.digest}"
-        self._arrived_key = f"{prefix}/arrived"
         self._roster_key = f"{prefix}/roster"
         self._verdict_key = f"{prefix}/verdict"
         self._alive_key = f"{prefix}/alive"
         self._started = 0.0
-        self._arrival = 0  # what P/arrived said when this participant arrived
+        self._counted = 0  # what this participant's count add returned (1: the first of its request)
         self._marked_alive = False
+        self._announced = False
 
     def run(self) -> Verdict:
         """The whole round for this participant."""
@@ -173,58 +166,38 @@ class Round:
     # -- steps ----------------------------------------------------------------
 
     def arrive(self) -> bool:
-        """Announce, count this participant's request and arrival; True on the last to arrive (the decider)."""
+        """Count this participant's request and list it in the roster; True on the decider (its count made N)."""
         self._started = time.monotonic()
-        announcement = Announcement(self.prefix, runs_text(self.participants), self.request)
-        self.store.set(announce_key(self.rank), announcement.encode())
+        self._counted = self.store.add(self._count_key, 1)
         line = f"{self.rank} {self.request.digest}"
-        counted = self.store.add(self._count_key, 1)
-        if counted == 1:
+        if self._counted == 1:
             line += f" {self.request.encoded}"  # the first with this digest records the request
         self.store.append(self._roster_key, line + "\n")
-        self._arrival = self.store.add(self._arrived_key, 1 + (_AGREE if counted == self.size else 0))
-        return _fields(self._arrival)[0] == self.size
+        return self._counted == self.size
 
     def decide(self) -> Verdict:
-        """On the last to arrive: publish the verdict, delete what no one reads any more."""
-        _, agree, timeouts = _fields(self._arrival)
-        if timeouts:
-            return self._follow(decider=True)  # a participant gave up first: its verdict stands
-        if agree:  # every count was added before this arrival: a count of N means all agree
-            verdict, digests = Verdict("ok"), [self.request.digest]
-        else:
-            roster, requests = diagnosis.roster_of(self.store, self.prefix)
-            verdict, digests = mismatch_verdict(self.size, roster, requests), sorted(set(roster.values()))
-        published = self._publish(verdict)
-        if published is not verdict:  # a probe or a timeout decided first: its verdict stands
-            self.store.delete_key(self._count_key)
+        """On the decider (every participant sent its request): publish the verdict, delete the count."""
+        published = self._publish(Verdict("ok"))
+        self.store.delete_key(self._count_key)
+        if published.kind != "ok":  # a timeout was published first: it stands
             return self._own(published)
-        for digest in digests:
-            self.store.delete_key(f"{self.prefix}/count/{digest}")
-        self.store.delete_key(self._roster_key)
         for prefix in self.stale:
             for key in round_keys(prefix):
                 self.store.delete_key(key)
-        return verdict
+        return published
 
     def await_verdict(self) -> Verdict:
-        """On the others: wait for the verdict (logging progress, probing if first), then count this one done."""
+        """On the others: wait for the verdict (announcing and probing if slow), or give up at the timeout."""
         verdict = self._wait(self._started + self.timeout_s, progress=True)
         if verdict is None:
             return self._give_up()
-        return self._conclude(verdict)
+        if verdict.kind != "ok":
+            self.store.delete_key(self._count_key)  # the decider deletes the count only of its own verdicts
+        elif self._marked_alive:
+            self.store.delete_key(self._alive_key)  # a slow round's roll call: nobody reads it after an ok
+        return self._own(verdict)
 
     # -- waiting and failures -------------------------------------------------
-
-    def _conclude(self, verdict: Verdict) -> Verdict:
-        """The verdict was read: count this participant done; the last one cleans up."""
-        done = _fields(self.store.add(self._arrived_key, 1))[0]
-        if done == 2 * self.size - 1:  # every participant arrived and every waiter read: nobody needs the keys
-            for key in (self._arrived_key, self._verdict_key, self._alive_key):  # alive: marks of a slow round
-                self.store.delete_key(key)
-        if verdict.kind != "ok":
-            self.store.delete_key(self._count_key)  # the decider deletes the counts only of its own verdicts
-        return self._own(verdict)
 
     def _own(self, verdict: Verdict) -> Verdict:
         """``verdict`` as this participant must see it: about its own request, never another's."""
@@ -232,22 +205,31 @@ class Round:
             return foreign_verdict(self.request, self.rank, verdict)
         return verdict
 
+    def _announce(self) -> None:
+        """Say where this participant waits (once per round; slow and failure paths only)."""
+        if not self._announced:
+            announcement = Announcement(self.prefix, runs_text(self.participants), self.request)
+            self.store.set(announce_key(self.rank), announcement.encode())
+            self._announced = True
+
     def _wait(self, deadline: float, progress: bool) -> Verdict | None:
         """Wait until the verdict exists and read it, or return None once ``deadline`` passes.
 
-        Logs progress and probes on the way. A ``wait`` that returns without the
-        key (torch's store client can, when its timeout ends as another client
-        writes) is taken for what it is: the wait goes on.
+        Announces, logs progress and probes on the way. A ``wait`` that returns
+        without the key (torch's store client can, when its timeout ends as
+        another client writes) is taken for what it is: the wait goes on.
         """
         start = self._started
+        probe_after = probe_s(self.size, self.timeout_s)
         next_line = start + min(self.progress_s, self.timeout_s / 4)
-        first = _fields(self._arrival)[0] == 1  # only the first to arrive probes
-        next_probe = start + probe_s(self.size, self.timeout_s) if first else float("inf")
+        next_announce = start + probe_after / 2 if progress else float("inf")
+        first = self._counted == 1  # the first of each request probes
+        next_probe = start + probe_after if first and progress else float("inf")
         while True:
             now = time.monotonic()
             if now >= deadline:
                 return None
-            until = min(next_line, next_probe, deadline) if progress else deadline
+            until = min(next_line, next_probe, next_announce, deadline) if progress else deadline
             try:
                 self.store.wait([self._verdict_key], datetime.timedelta(seconds=max(until - now, 0.001)))
                 data = diagnosis.read(self.store, self._verdict_key)
@@ -256,11 +238,14 @@ class Round:
             except RuntimeError:  # the slice ended without a verdict (DistStoreError is a RuntimeError)
                 pass
             now = time.monotonic()
+            if progress and next_announce <= now:
+                self._announce()
+                next_announce = float("inf")
             if progress and next_probe <= now < deadline:
                 next_probe = float("inf") if next_probe < next_line else next_line + self.progress_s
                 self._probe()
             if progress and next_line <= now < deadline:
-                self._mark_alive()  # for a roll call, should the decider stop before deciding
+                self._mark_alive()  # for a roll call, should a participant stop before the verdict
                 self._log_progress(now - start)
                 next_line += self.progress_s
 
@@ -271,7 +256,12 @@ class Round:
             self._marked_alive = True
 
     def _probe(self) -> None:
-        """On the first to arrive, a round open past its probe time: end it if ranks are stuck elsewhere."""
+        """On a first participant, a round open past its probe time: end it if requests differ or ranks are stuck."""
+        self._announce()
+        roster, requests = diagnosis.roster_of(self.store, self.prefix)
+        if len(roster) >= self.size and len(set(roster.values())) > 1:  # everyone came, with different requests
+            self._publish(mismatch_verdict(self.size, roster, requests))
+            return
         verdict, _ = self._stuck_verdict()
         if verdict is not None:
             self._publish(verdict)
@@ -305,54 +295,54 @@ class Round:
         return verdict, missing
 
     def _log_progress(self, waited: float) -> None:
-        arrived = min(_fields(self.store.add(self._arrived_key, 0))[0], self.size)
+        roster = diagnosis.roster_of(self.store, self.prefix)[0]
         text = (
             f"hypergrid: waiting {waited:.0f} s for {self.request.call()} on grid {self.request.grid}: "
-            f"{arrived}/{self.size} ranks arrived"
+            f"{min(len(roster), self.size)}/{self.size} ranks arrived"
         )
-        if _fields(self._arrival)[0] == 1:  # only the first to arrive reads the roster
-            missing = self._missing()
-            if missing:
-                text += f"; missing {shown_ranks(missing)}"
+        missing = [rank for rank in self.participants if rank not in roster]
+        if missing and self._counted == 1:  # only a first participant names them
+            text += f"; missing {shown_ranks(missing)}"
         LOGGER.warning("%s (timeout %g s)", text, self.timeout_s)
 
     def _give_up(self) -> Verdict:
-        """This participant's timeout passed without a verdict: declare the timeout, unless a decision was first."""
-        arrived, _, timeouts = _fields(self.store.add(self._arrived_key, _TIMEOUT))
-        if arrived >= self.size or timeouts > 1:  # the decider arrived, or another participant gave up, first
-            return self._follow(decider=False)
-        verdict, missing = self._stuck_verdict()  # out of step, found only now if the first arrival is elsewhere
-        if verdict is None:
-            seen_text = diagnosis.last_seen(self.store, self.prefix, missing)
-            verdict = timeout_verdict(self.request, self.size, missing, self.timeout_s, last_seen=seen_text)
-        verdict = self._publish(verdict)
-        self.store.delete_key(self._count_key)
+        """This participant's timeout passed without a verdict: publish why, unless a verdict was first.
+
+        Everyone came (the decider, or a waiter, stopped before the verdict):
+        a grace for it, then the roll call names who stopped answering. Ranks
+        missing: a timeout (or out-of-step) verdict naming them.
+        """
+        self._announce()
+        self._mark_alive()
+        roster, requests = diagnosis.roster_of(self.store, self.prefix)
+        missing = [rank for rank in self.participants if rank not in roster]
+        if not missing:
+            if len(set(roster.values())) > 1:
+                verdict = self._publish(mismatch_verdict(self.size, roster, requests))
+            else:
+                verdict = self._follow()
+        else:
+            stuck, _ = self._stuck_verdict()  # out of step, found only now if the first arrival is elsewhere
+            if stuck is None:
+                seen_text = diagnosis.last_seen(self.store, self.prefix, missing)
+                stuck = timeout_verdict(self.request, self.size, missing, self.timeout_s, last_seen=seen_text)
+            verdict = self._publish(stuck)
+        if verdict.kind != "ok":
+            self.store.delete_key(self._count_key)
         return self._own(verdict)
 
-    def _follow(self, decider: bool) -> Verdict:
-        """Another participant decided first: wait a grace for its verdict and take it.
-
-        When none comes, every participant arrived but the decider (or a waiter)
-        stopped: the ranks that marked themselves alive are the ones still here.
-        """
-        self._mark_alive()
+    def _follow(self) -> Verdict:
+        """Everyone arrived but no verdict came: wait a grace for it; else the roll call names who stopped."""
         verdict = self._wait(time.monotonic() + grace_s(self.timeout_s), progress=False)
         if verdict is None:
             alive = diagnosis.alive_of(self.store, self.prefix)
             silent = [rank for rank in self.participants if rank not in alive]
-            timed_out = timeout_verdict(self.request, self.size, self._missing(), self.timeout_s, dead=silent)
+            timed_out = timeout_verdict(self.request, self.size, [], self.timeout_s, dead=silent)
             verdict = self._publish(timed_out)
-        if not decider:
-            return self._conclude(verdict)
-        self.store.delete_key(self._count_key)  # a failure: the decider lost to it
-        return self._own(verdict)
+        return verdict
 
     def _publish(self, verdict: Verdict) -> Verdict:
         """Write ``verdict`` unless one is there already; return the one in force (``verdict`` itself if it won)."""
         text = verdict.encode()
         current = self.store.compare_set(self._verdict_key, "", text)
         return verdict if current == text.encode() else Verdict.decode(current)
-
-    def _missing(self) -> list[int]:
-        roster = diagnosis.roster_of(self.store, self.prefix)[0]
-        return [rank for rank in self.participants if rank not in roster]

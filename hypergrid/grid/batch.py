@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from hypergrid.agreement.guard import CreationRequest, GuardLedger, agree, creation_failed, grid_scope, settle
+from hypergrid.agreement.guard import (
+    CreationRequest,
+    GuardLedger,
+    agree,
+    creation_failed,
+    grid_scope,
+    guard_failures,
+    settle,
+)
 from hypergrid.agreement.watcher import ensure_watching
 from hypergrid.binding import alarm
 from hypergrid.binding.creation import check_can_split, check_strategy, create_family
@@ -55,6 +63,7 @@ class GuardedCreation(GridFacet):
         _creations: int
         _epoch: int
         _resync: int
+        _failures_seen: int
         _ordinal: int
         _guard_ledger: GuardLedger
 
@@ -69,6 +78,15 @@ class GuardedCreation(GridFacet):
         def _check_fits(self, world: int | None) -> None: ...
         def _shared(self, *args: Any) -> tuple[Any, Any]: ...
         def _keep(self, *args: Any) -> Any: ...
+
+    def _stale_epoch(self) -> bool:
+        """Whether a guard round failed in this process (on any grid) since this grid's epoch began; now noted.
+
+        ``_resync`` is the latest epoch another rank was seen in, by a guard
+        error on this grid: ``destroy()`` starts the epoch after it.
+        """
+        seen, self._failures_seen = self._failures_seen, guard_failures()
+        return seen < self._failures_seen
 
     def _key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> PgKey:
         """The registry key of a family (or of one half of its hierarchy), with ``tag``; never on a fenced rank."""

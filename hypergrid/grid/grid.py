@@ -14,7 +14,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.agreement.guard import GuardLedger, grid_ordinal
+from hypergrid.agreement.guard import GuardLedger, grid_ordinal, guard_failures
 from hypergrid.binding.creation import check_strategy
 from hypergrid.binding.options import check_group_options, normalize_backend, refuse_keywords
 from hypergrid.binding.registry import PgKey, for_view, member_or_none
@@ -157,7 +157,7 @@ class HyperCommGrid(
         # Where the grid's creations stand (the guard's round keys): its ordinal among grids of its
         # description built in this process, destroy() calls that ended an epoch, creations in this epoch.
         self._ordinal = grid_ordinal(self._describe())
-        self._epoch = self._resync = 0  # _resync: the latest epoch another rank was seen in (by a guard error)
+        self._epoch, self._resync, self._failures_seen = 0, 0, guard_failures()  # _resync: see _stale_epoch
         self._creations = 0
         # The guard rounds of this grid whose keys may still be in the store; destroy() deletes them.
         self._guard_ledger = GuardLedger()
@@ -384,7 +384,7 @@ class HyperCommGrid(
         ``destroy_process_group()`` of the default group) are skipped.
         Idempotent; the grid can create its families again afterwards. On the
         root grid it also ends the guard's epoch (when anything was created
-        since the last one): called on every rank, it brings ranks that fell out
+        since the last one, or a guard round failed on any grid): called on every rank, it brings ranks that fell out
         of step back in step (docs/reliability.md). Groups placed in ``_pgs``
         from outside (as Megatron's code and tests do) are destroyed too, skipping
         ``None`` and ``NON_GROUP_MEMBER``.
@@ -392,7 +392,7 @@ class HyperCommGrid(
         self._guard_ledger.release()
         mine = self._view_keys(own_only=True)
         freed = self._root._pool.release_registry(self._pgs, mine)
-        if self._root is self and (self._creations or mine):
+        if self._root is self and (self._stale_epoch() or self._creations or mine):
             self._epoch, self._creations = max(self._epoch, self._resync) + 1, 0
         for group in freed:
             # torch no longer knows this group (destroyed elsewhere), or it is no group of this world.

@@ -51,7 +51,9 @@ def test_the_near_deadline_race_ends_ok_and_leaves_no_key() -> None:
     # arrived/verdict/readers keys stayed behind, even after destroy().
     for outcome in spawn(faults.near_deadline_race, 2, timeout_s=90):
         assert outcome["seen"].startswith("ok"), outcome
-        assert outcome["during"] == 2, outcome  # only the two ranks' announcements
+        # The last commit's verdict (kept for the next commit or destroy()), and rank 1's announcement where it
+        # was the one that waited (the decider, whichever rank counted last, never waits).
+        assert 1 <= outcome["during"] <= 2, outcome
         assert outcome["after"] == 0, outcome
 
 

@@ -72,3 +72,17 @@ def test_a_skipped_call_names_what_each_rank_called_and_destroy_brings_everyone_
 
 def _tp(rank: int) -> list[int]:
     return [rank - rank % 2, rank - rank % 2 + 1]
+
+
+@pytest.mark.timeout(200)
+def test_calls_reordered_across_three_grids_are_out_of_step_everywhere_and_recover_in_one_destroy_round() -> None:
+    outcomes = _run("three_grids")
+    for rank, outcome in enumerate(outcomes):
+        first = outcome["first"]["seen"]
+        assert first.startswith("OutOfStepError: ranks are out of step"), (rank, first)
+        assert outcome["first"]["seconds"] < 15, (rank, outcome["first"])  # found by a probe, not the timeout
+        # At most two destroy() rounds (destroy() of every grid on every rank, then the calls again).
+        assert len(outcome["tries"]) <= 2 and outcome["tries"][-1]["seen"].startswith("ok"), (rank, outcome)
+        assert outcome["sums"] == [sum(_tp(rank))] * 3
+    # destroy() of every grid leaves the store as the world found it: no guard key (the released counts too).
+    assert len({outcome["left"] for outcome in outcomes}) == 1

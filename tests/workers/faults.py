@@ -71,6 +71,25 @@ def desync(case: str) -> dict[str, Any]:
             out["second"] = timed(lambda: grid.create_pg("dp"))
         out.update(_recover(grid, lambda: grid.create_pg("tp")))
         out["sum"] = _sum(grid.get_pg("tp"))
+    elif case == "three_grids":
+        # The program creates tp on grids a, b, c in that order; rank 2 starts at b, rank 3 at c.
+        grids = [HyperCommGrid([2, 2], ["tp", "dp"], guard_timeout_s=20) for _ in range(3)]
+        start = {2: 1, 3: 2}.get(rank, 0)
+        out["first"] = timed(lambda: [grids[(start + i) % 3].create_pg("tp") for i in range(3)][-1])
+        rounds = []
+        for _ in range(3):  # the documented way back, for several grids: destroy() each on every rank, retry
+            for grid in grids:
+                grid.destroy()
+            rounds.append(timed(lambda: [grid.create_pg("tp") for grid in grids][-1]))
+            if rounds[-1]["seen"].startswith("ok"):
+                break
+        out["tries"] = rounds
+        if rounds[-1]["seen"].startswith("ok"):
+            out["sums"] = [_sum(grid.get_pg("tp")) for grid in grids]
+        for grid in grids:
+            grid.destroy()
+        dist.barrier()
+        out["left"] = int(c10d._get_default_store().num_keys())
     else:
         raise ValueError(case)
     return out

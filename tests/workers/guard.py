@@ -116,7 +116,8 @@ def store_hygiene(creations: int) -> dict[str, Any]:
 
     Torch's own group creation is replaced by nothing (the caller gets None), so
     that only the guard writes to the store and ``num_keys()`` counts its keys.
-    Between rounds each rank keeps one key, its announcement; destroy() deletes it.
+    Between rounds a grid keeps one key, its last commit's verdict, and each rank that waited long in a
+    round its announcement; destroy() deletes them.
     """
     store = c10d._get_default_store()
     rank = dist.get_rank()
@@ -130,7 +131,7 @@ def store_hygiene(creations: int) -> dict[str, Any]:
         if index % 100 == 0:
             out["during"].append(store.num_keys() - baseline)
     out["after_successes"] = _left(store, baseline)
-    # Successful rounds without destroy: the count stays the same (the two announcements).
+    # Successful rounds without destroy: the count stays the same (the last commit's verdict).
     steady = HyperCommGrid([2], ["dp"])
     for index in range(creations):
         steady.create_pg("dp", tag=f"t{index}")
@@ -138,7 +139,7 @@ def store_hygiene(creations: int) -> dict[str, Any]:
             out["steady"].append(_left(store, baseline))
     steady.destroy()
     out["after_steady_destroy"] = _left(store, baseline)
-    # Mismatches: every key but the announcements deleted once both ranks read the verdict.
+    # Mismatches: each failed round keeps its roster and verdict until destroy().
     for _ in range(5):
         _outcome(lambda: grid.create_pg("dp", group_desc=f"rank{rank}"))
     out["after_mismatches"] = _left(store, baseline)
