@@ -89,7 +89,7 @@ _FIELDS = ("_world_mesh", "_single_axis_meshes", "_multi_axis_meshes", "_spmd_me
 _METHODS = ("get_activated_mesh", "_validate_meshes")
 
 
-def _check_parallel_dims(parallel_dims: object, argument: str = "parallel_dims") -> None:
+def _check_parallel_dims(parallel_dims: object) -> None:
     """``parallel_dims`` has what torchtitan 0.3's ``ParallelDims`` has (read before anything is built)."""
     try:
         fields = vars(parallel_dims)
@@ -101,7 +101,7 @@ def _check_parallel_dims(parallel_dims: object, argument: str = "parallel_dims")
     if missing:
         raise refuse(
             "",
-            argument,
+            "parallel_dims",
             parallel_dims,
             f"a torchtitan 0.3 ParallelDims (this {type(parallel_dims).__name__} has no {missing}): "
             "hypergrid.compat.torchtitan fills the fields of torchtitan 0.3's ParallelDims",
