@@ -30,6 +30,7 @@ from hypergrid.values import as_int, as_number, check_timeout, shown
 __all__ = [
     "check_bool",
     "check_choice",
+    "check_instance",
     "check_int",
     "check_ints",
     "check_number",
@@ -159,6 +160,31 @@ def check_choice(
     if isinstance(value, str) and value in choices:
         return value
     raise refuse(call, argument, value, "one of " + ", ".join(repr(choice) for choice in choices), error)
+
+
+def check_instance(
+    call: str,
+    argument: str,
+    value: object,
+    types: type | tuple[type, ...],
+    expected: str,
+    *,
+    optional: bool = False,
+    error: type[HyperGridError] = InvalidArgumentError,
+) -> object:
+    """``value`` if it is an instance of ``types`` (or ``None`` where ``optional``), else `refuse` saying ``expected``.
+
+    Examples:
+        >>> check_instance("MPU", "grid", None, dict, "a dict", optional=True) is None
+        True
+        >>> check_instance("MPU", "grid", 3, dict, "a HyperCommGrid")
+        Traceback (most recent call last):
+          ...
+        hypergrid.errors.InvalidArgumentError: MPU: grid=3: expected a HyperCommGrid
+    """
+    if (optional and value is None) or isinstance(value, types):
+        return value
+    raise refuse(call, argument, value, expected, error)
 
 
 def check_ints(

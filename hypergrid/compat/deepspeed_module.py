@@ -21,12 +21,12 @@ one thread at a time.
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Iterator
 from typing import Any
 
 from hypergrid.compat.deepspeed_pipe import PipelineParallelGrid
-from hypergrid.errors import InvalidArgumentError
+from hypergrid.compat.dependency import import_or_refuse
+from hypergrid.validation import check_instance, public, refuse
 
 __all__ = ["hypergrid_grid", "pipeline_module"]
 
@@ -39,7 +39,7 @@ def hypergrid_grid() -> Iterator[None]:
 
     Restores DeepSpeed's own class afterwards, also when the block raises.
     """
-    module: Any = importlib.import_module(_MODULE)
+    module = _deepspeed("hypergrid_grid")
     original = module.PipelineParallelGrid
     module.PipelineParallelGrid = PipelineParallelGrid
     try:
@@ -48,6 +48,12 @@ def hypergrid_grid() -> Iterator[None]:
         module.PipelineParallelGrid = original
 
 
+def _deepspeed(call: str) -> Any:
+    """DeepSpeed's pipeline module, or ``DependencyError`` naming ``call`` when DeepSpeed does not import."""
+    return import_or_refuse(_MODULE, call, "DeepSpeed", "pip install deepspeed")
+
+
+@public
 def pipeline_module(*args: Any, cls: Any = None, **kwargs: Any) -> Any:
     """A DeepSpeed ``PipelineModule`` (or ``cls``, a subclass) whose grid, its ``mpu()``, is hypergrid's.
 
@@ -55,10 +61,13 @@ def pipeline_module(*args: Any, cls: Any = None, **kwargs: Any) -> Any:
 
     Raises:
         InvalidArgumentError: ``cls`` is not a subclass of DeepSpeed's ``PipelineModule``.
+        DependencyError: (an ``ImportError``) DeepSpeed does not import.
     """
-    base = importlib.import_module(_MODULE).PipelineModule
+    expected = "a subclass of DeepSpeed's PipelineModule"
+    check_instance("", "cls", cls, type, expected, optional=True)
+    base = _deepspeed("pipeline_module").PipelineModule
     chosen = base if cls is None else cls
-    if not (isinstance(chosen, type) and issubclass(chosen, base)):
-        raise InvalidArgumentError(f"pipeline_module: cls={cls!r} must be a subclass of DeepSpeed's PipelineModule")
+    if not issubclass(chosen, base):
+        raise refuse("", "cls", cls, expected)
     with hypergrid_grid():
         return chosen(*args, **kwargs)

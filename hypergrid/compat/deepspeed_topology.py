@@ -18,17 +18,35 @@ Examples:
 from __future__ import annotations
 
 import itertools
+import keyword
 from collections import namedtuple
 from collections.abc import Sequence
 from typing import Any
 
-from hypergrid.errors import DimsError, InvalidArgumentError
+import numpy as np
+
+from hypergrid.errors import DimsError, GridSpecError, InvalidArgumentError
 from hypergrid.layout import GridLayout
-from hypergrid.values import is_int
+from hypergrid.layout.spec import MAX_WORLD_SIZE
+from hypergrid.validation import check_int, check_ints, public, public_methods, refuse
+from hypergrid.values import is_int, shown
 
 __all__ = ["PipeDataParallelTopology", "PipeModelDataParallelTopology", "ProcessTopology", "_prime_factors"]
 
 
+def _check_axes(axes: object) -> list[str]:
+    """``axes`` as a list of distinct axis names (identifiers), else refused naming ``axes``."""
+    if not isinstance(axes, (list, tuple)):
+        raise refuse("", "axes", axes, "a list of axis names", DimsError)
+    for axis in axes:
+        if not (isinstance(axis, str) and axis.isidentifier()) or keyword.iskeyword(axis) or axis.startswith("_"):
+            raise refuse("", "axes", axes, f"a list of axis names (identifiers); {shown(axis)} is not", GridSpecError)
+    if len(set(axes)) != len(axes):
+        raise refuse("", "axes", axes, "distinct axis names", GridSpecError)
+    return list(axes)
+
+
+@public_methods
 class ProcessTopology:
     """Named Cartesian coordinates over ranks with DeepSpeed's API (row-major, last axis fastest).
 
@@ -37,7 +55,7 @@ class ProcessTopology:
         dims: size of each axis.
 
     Raises:
-        DimsError: ``axes`` or ``dims`` is a string instead of a list.
+        DimsError: ``axes`` or ``dims`` is not a list (a string, a set, ...).
         GridSpecError: bad sizes or names (DeepSpeed accepts them and fails later).
 
     Examples:
@@ -47,16 +65,18 @@ class ProcessTopology:
     """
 
     def __init__(self, axes: Sequence[str], dims: Sequence[int]) -> None:
-        if isinstance(axes, str) or isinstance(dims, (str, bytes)):
-            raise DimsError(f"axes and dims must be lists, got axes={axes!r}, dims={dims!r}")
-        self.axes = list(axes)
-        self.dims = list(dims)
+        self.axes = _check_axes(axes)
+        if not isinstance(dims, (list, tuple, range, np.ndarray)):
+            raise refuse("", "dims", dims, "a list of sizes, one per axis", DimsError)
+        self.dims = check_ints("", "dims", dims, 1, MAX_WORLD_SIZE, ordered=True, error=GridSpecError)
+        if len(self.dims) != len(self.axes):
+            raise refuse("", "dims", dims, f"{len(self.axes)} sizes, one per axis of {shown(self.axes)}", GridSpecError)
         self.layout = GridLayout(self.dims[::-1], self.axes[::-1])
         self.ProcessCoord = namedtuple("ProcessCoord", self.axes)  # type: ignore[misc]
 
     def _known(self, axis: str) -> str:
         if axis not in self.axes:
-            raise DimsError(f"unknown axis {axis!r}; this topology has axes {self.axes}")
+            raise DimsError(f"unknown axis {shown(axis)}; this topology has axes {self.axes}")
         return axis
 
     @property
@@ -188,6 +208,7 @@ class ProcessTopology:
         return f"ProcessTopology(axes={self.axes}, dims={self.dims})"
 
 
+@public
 def _prime_factors(N: int) -> list[int]:
     """The prime factors of ``N`` in ascending order, with repeats (``[]`` for 1).
 
@@ -199,7 +220,7 @@ def _prime_factors(N: int) -> list[int]:
         ([2, 2, 3], [])
     """
     if not is_int(N) or N <= 0:
-        raise InvalidArgumentError(f"_prime_factors needs a strictly positive int, got {N!r}")
+        raise InvalidArgumentError(f"_prime_factors needs a strictly positive int, got {shown(N)}")
     factors, rest, candidate = [], int(N), 2
     while candidate * candidate <= rest:
         while rest % candidate == 0:
@@ -211,6 +232,7 @@ def _prime_factors(N: int) -> list[int]:
     return factors
 
 
+@public_methods
 class PipeDataParallelTopology(ProcessTopology):
     """DeepSpeed's pipe x data topology: axes ``["pipe", "data"]`` (data fastest).
 
@@ -220,9 +242,10 @@ class PipeDataParallelTopology(ProcessTopology):
     """
 
     def __init__(self, num_pp: int, num_dp: int) -> None:
-        super().__init__(axes=["pipe", "data"], dims=[num_pp, num_dp])
+        super().__init__(axes=["pipe", "data"], dims=[_size("num_pp", num_pp), _size("num_dp", num_dp)])
 
 
+@public_methods
 class PipeModelDataParallelTopology(ProcessTopology):
     """DeepSpeed's pipe x data x model topology: axes ``["pipe", "data", "model"]`` (model fastest).
 
@@ -232,4 +255,9 @@ class PipeModelDataParallelTopology(ProcessTopology):
     """
 
     def __init__(self, num_pp: int, num_mp: int, num_dp: int) -> None:
-        super().__init__(axes=["pipe", "data", "model"], dims=[num_pp, num_dp, num_mp])
+        sizes = [_size("num_pp", num_pp), _size("num_dp", num_dp), _size("num_mp", num_mp)]
+        super().__init__(axes=["pipe", "data", "model"], dims=sizes)
+
+
+def _size(argument: str, value: object) -> int:
+    return check_int("", argument, value, 1, MAX_WORLD_SIZE, GridSpecError)

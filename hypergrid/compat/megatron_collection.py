@@ -32,6 +32,8 @@ from hypergrid.compat.megatron_plan import Family, Plan, plan_fields
 from hypergrid.errors import GridSpecError, GroupNotFoundError, NotInitializedError, UnexpectedArgumentError
 from hypergrid.grid import HyperCommGrid
 from hypergrid.grid.views import BASE_VIEW
+from hypergrid.validation import check_bool, check_instance, public
+from hypergrid.values import shown
 
 __all__ = ["destroy_process_groups", "grid_of", "process_groups"]
 
@@ -48,6 +50,7 @@ class _Owner:
 _OWNERS: dict[int, _Owner] = {}
 
 
+@public
 def grid_of(pgs: Any) -> HyperCommGrid:
     """The root grid whose families fill ``pgs`` (a collection ``process_groups`` returned).
 
@@ -66,12 +69,13 @@ def grid_of(pgs: Any) -> HyperCommGrid:
     owner = _OWNERS.get(id(pgs))
     if owner is None:
         raise GroupNotFoundError(
-            f"grid_of() got a {type(pgs).__name__} that process_groups() did not make in this process "
-            "(or that destroy_process_groups() released)"
+            f"pgs={shown(pgs)}: expected a collection from process_groups(); process_groups() did not make this "
+            f"{type(pgs).__name__} in this process (or destroy_process_groups() released it)"
         )
     return owner.grid
 
 
+@public
 def destroy_process_groups(pgs: Any) -> None:
     """Release what ``process_groups`` made for ``pgs``: the groups outside the grid, then ``grid.destroy()``.
 
@@ -92,6 +96,7 @@ def destroy_process_groups(pgs: Any) -> None:
 _SIZES = ("tp", "pp", "cp", "ep", "etp", "dp", "gtp_remat", "egtp_remat", "order", "rank_offset", "backend")
 
 
+@public
 def process_groups(
     grid: HyperCommGrid | None = None,
     expert: str | HyperCommGrid | None = None,
@@ -164,6 +169,8 @@ def process_groups(
 
     Raises:
         UnexpectedArgumentError: (a ``TypeError``) sizes or grid settings given with a grid, or an unknown setting.
+        InvalidArgumentError: (a ``ValueError``) ``grid`` is not a grid, ``expert`` neither a view's name nor a
+            grid, a flag not True or False.
         GridSpecError: sizes Megatron refuses (they do not fit the world, a size
             larger than 1 missing from ``order``, the pipeline groups of the
             grid and the expert view differ, ``distributed_optimizer_instances``
@@ -189,6 +196,10 @@ def process_groups(
         raise NotInitializedError(
             "process_groups() creates process groups: call torch.distributed.init_process_group() on every rank first"
         )
+    check_instance("", "grid", grid, HyperCommGrid, "None or a HyperCommGrid", optional=True)
+    expected = "None, a view's name or a grid from view()"
+    check_instance("", "expert", expert, (str, HyperCommGrid), expected, optional=True)
+    embedding, all_gather = check_bool("", "embedding", embedding), check_bool("", "all_gather", all_gather)
     given = {name: value for name, value in zip(_SIZES, (tp, pp, cp, ep, etp, dp, gtp_remat, egtp_remat, order,
                                                          rank_offset, backend)) if value is not None}  # fmt: skip
     if grid is None:
@@ -205,7 +216,7 @@ def process_groups(
     if hierarchical_cp is not None:
         if isinstance(hierarchical_cp, (str, bytes)) or not isinstance(hierarchical_cp, Sequence):
             raise GridSpecError(
-                f"hierarchical_cp must be a list of positive ints, innermost first, got {hierarchical_cp!r}"
+                f"hierarchical_cp must be a list of positive ints, innermost first, got {shown(hierarchical_cp)}"
             )
         hierarchical_cp = [positive("hierarchical_cp", size) for size in hierarchical_cp]
     if view is not None:

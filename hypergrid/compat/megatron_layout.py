@@ -20,12 +20,15 @@ Examples:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from hypergrid.errors import DimsError, GridSpecError
 from hypergrid.grid import HyperCommGrid
 from hypergrid.layout import GridLayout
+from hypergrid.layout.spec import MAX_WORLD_SIZE
+from hypergrid.validation import check_choice, public, public_methods, refuse
 from hypergrid.values import as_int, shown
 
 __all__ = ["RankGenerator", "grid_from_order", "megatron_tokens", "moe_grids"]
@@ -38,12 +41,26 @@ DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 EXPERT_NAMES = {"tp": "etp", "dp": "edp", "gtp_remat": "egtp_remat"}
 
 
-def _order_names(order: str) -> list[str]:
-    if not isinstance(order, str) or not order:
-        raise DimsError(f"order must be a string like 'tp-cp-ep-dp-pp', got {order!r}")
+#: An order string: names joined by ``-`` (each name is then checked against the dims it may name).
+_ORDER = r"[A-Za-z0-9_]+(-[A-Za-z0-9_]+)*"
+
+
+def _order_names(order: object) -> list[str]:
+    if not (isinstance(order, str) and re.fullmatch(_ORDER, order)):
+        raise refuse("", "order", order, "a str like 'tp-cp-ep-dp-pp'", DimsError)
     return order.lower().split("-")
 
 
+def _check_order_dims(order: str, names: list[str]) -> None:
+    """Every name of ``order`` one of Megatron's dims, none repeated."""
+    unknown = sorted(set(names) - set(MEGATRON_DIMS))
+    if unknown:
+        raise DimsError(f"order {shown(order)} names {unknown}; Megatron's dims are {list(MEGATRON_DIMS)}")
+    if len(set(names)) != len(names):
+        raise DimsError(f"order {shown(order)} repeats a dim")
+
+
+@public
 def megatron_tokens(order: str, after: str) -> list[str]:
     """Megatron's full token list for ``order``: gtp_remat injected after ``after``, missing dims appended.
 
@@ -52,24 +69,23 @@ def megatron_tokens(order: str, after: str) -> list[str]:
     else after ``tp``, else first).
 
     Raises:
-        DimsError: ``order`` is not a string, names an unknown dim or repeats one.
+        DimsError: ``order`` is not a string, names an unknown dim or repeats
+            one; ``after`` is not one of Megatron's dims.
 
     Examples:
         >>> megatron_tokens("tp-pp-dp", "ep")
         ['tp', 'gtp_remat', 'pp', 'dp', 'ep', 'cp']
     """
     tokens = _order_names(order)
-    unknown = sorted(set(tokens) - set(MEGATRON_DIMS))
-    if unknown:
-        raise DimsError(f"order {order!r} names {unknown}; Megatron's dims are {list(MEGATRON_DIMS)}")
-    if len(set(tokens)) != len(tokens):
-        raise DimsError(f"order {order!r} repeats a dim")
+    _check_order_dims(order, tokens)
+    check_choice("", "after", after, MEGATRON_DIMS, DimsError)
     if "gtp_remat" not in tokens:
         anchor = after if after in tokens else "tp"
         tokens.insert(tokens.index(anchor) + 1 if anchor in tokens else 0, "gtp_remat")
     return tokens + [name for name in MEGATRON_DIMS if name not in tokens]
 
 
+@public
 def grid_from_order(
     order: str,
     sizes: Mapping[str, int] | None = None,
@@ -84,14 +100,21 @@ def grid_from_order(
         >>> grid_from_order("tp-dp", {"tp": 2, "dp": 4}).get_rank_enum("dp")[0]
         [0, 2, 4, 6]
     """
-    given = {**(sizes or {}), **size_kwargs}
     names = _order_names(order)
-    unknown = sorted(set(given) - set(names))
+    if not (sizes is None or isinstance(sizes, Mapping)):
+        raise refuse("", "sizes", sizes, "None or a dict of sizes by dim name", GridSpecError)
+    given = {**(sizes or {}), **size_kwargs}
+    unknown = [name for name in given if name not in names]
     if unknown:
-        raise DimsError(f"sizes given for {unknown}, which order {order!r} does not name")
+        raise DimsError(f"sizes given for {shown(unknown)}, which order {shown(order)} does not name")
+    for name, size in given.items():
+        number = as_int(size)
+        if number is None or not (number == -1 or 1 <= number <= MAX_WORLD_SIZE):
+            raise refuse("", name, size, f"an int in 1..{MAX_WORLD_SIZE}, or -1 to fill the world", GridSpecError)
     return HyperCommGrid([given.get(name, -1) for name in names], names, rank_offset, backend)
 
 
+@public_methods
 class RankGenerator:
     """Megatron's ``RankGenerator(tp, ep, dp, pp, cp, order, rank_offset, gtp_remat)``; ``get_ranks(token)``.
 
@@ -103,15 +126,14 @@ class RankGenerator:
     def __init__(
         self, tp: int, ep: int, dp: int, pp: int, cp: int, order: str, rank_offset: int = 0, gtp_remat: int = 1
     ) -> None:
-        sizes = {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "cp": cp, "gtp_remat": gtp_remat}
+        given = {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "cp": cp, "gtp_remat": gtp_remat}
+        sizes = {name: positive(name, size) for name, size in given.items()}
         names = _order_names(order)
-        unknown = sorted(set(names) - set(MEGATRON_DIMS))
-        if unknown:
-            raise DimsError(f"order {order!r} names {unknown}; Megatron's dims are {list(MEGATRON_DIMS)}")
+        _check_order_dims(order, names)
         for name, size in sizes.items():
             if name not in names:
                 if size != 1:
-                    raise GridSpecError(f"{name}={size} but order {order!r} leaves {name!r} out")
+                    raise GridSpecError(f"{name}={size} but order {shown(order)} leaves {name!r} out")
                 names.append(name)
         self.order = "-".join(names)
         self.layout = GridLayout([sizes[name] for name in names], names, rank_offset)
@@ -123,10 +145,10 @@ class RankGenerator:
 
 
 def positive(name: str, value: object) -> int:
-    """``value`` as an int when it is a positive integer, else ``GridSpecError`` naming ``name``."""
+    """``value`` as an int when it is a positive integer (at most a world's size), else ``GridSpecError``."""
     number = as_int(value)
-    if number is None or number < 1:
-        raise GridSpecError(f"{name} must be a positive int, got {shown(value)}")
+    if number is None or not 1 <= number <= MAX_WORLD_SIZE:
+        raise GridSpecError(f"{name} must be a positive int, got {shown(value)} (at most {MAX_WORLD_SIZE})")
     return number
 
 
@@ -154,7 +176,7 @@ def dense_and_expert(
     tokens = _order_names(order)
     missing = sorted(name for name in ("tp", "cp", "ep", "pp") if name not in tokens and sizes[name] > 1)
     if missing:
-        raise GridSpecError(f"order {order!r} leaves out {missing}, whose sizes are larger than 1")
+        raise GridSpecError(f"order {shown(order)} leaves out {missing}, whose sizes are larger than 1")
 
     def kept(name: str, gtp: int) -> bool:  # moe_grids' grids: the order's own dims, dp, a gtp_remat larger than 1
         return unit_gtp or name in tokens or name == "dp" or (name == "gtp_remat" and gtp > 1)
@@ -202,13 +224,14 @@ def build_grids(
     dp_size = dense.layout.dim_size("dp")
     if not _order_names(order)[-1] == "pp" and expert_sizes["pp"] > 1 and expert_sizes["edp"] != dp_size:
         raise GridSpecError(
-            f"order {order!r} does not end with pp, so the expert data-parallel size ({expert_sizes['edp']}) must "
+            f"order {shown(order)} does not end with pp, so the expert data-parallel size ({expert_sizes['edp']}) must "
             f"equal the dense one ({dp_size}), as Megatron-Core requires"
         )
     shape = [expert_sizes[name] for name in expert_names]
     return dense, dense.view(shape, expert_names, ["pp"], name=view_name)
 
 
+@public
 def moe_grids(
     *,
     tp: int,

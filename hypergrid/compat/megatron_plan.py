@@ -40,6 +40,7 @@ from hypergrid.grid import HyperCommGrid
 from hypergrid.grid.views import BASE_VIEW
 from hypergrid.layout import GridLayout
 from hypergrid.layout.economy import PartitionSignature, partition_signature
+from hypergrid.validation import check_instance, public
 
 __all__ = ["Family", "Plan", "plan_fields", "process_group_families"]
 
@@ -266,6 +267,7 @@ def _hierarchical(views: _Views, sizes: Sequence[int]) -> None:
     plan.levels["hcp"] = [(HCP_VIEW, (dim,)) for dim in level_dims]
 
 
+@public
 def process_group_families(grid: HyperCommGrid, expert: str | None = None) -> dict[str, tuple[str | None, list[str]]]:
     """Which family of which view each field made from the grid and ``expert`` is (pure, no torch call).
 
@@ -279,6 +281,8 @@ def process_group_families(grid: HyperCommGrid, expert: str | None = None) -> di
         >>> process_group_families(grid)["mp"], process_group_families(grid)["dp_cp"]
         ((None, ['tp', 'pp']), (None, ['dp', 'cp']))
     """
+    check_instance("", "grid", grid, HyperCommGrid, "a HyperCommGrid")
+    check_instance("", "expert", expert, str, "None or a registered view's name", optional=True)
     tables = [(None, DENSE_FAMILIES)] + ([(expert, EXPERT_FAMILIES)] if expert is not None else [])
     families: dict[str, tuple[str | None, list[str]]] = {}
     for view, table in tables:

@@ -11,24 +11,20 @@ collection's own groups.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.errors import DependencyError
+from hypergrid.compat.dependency import import_or_refuse
+from hypergrid.validation import check_int, public, refuse
 
 __all__ = ["setup_model_state"]
 
 
 def _megatron(module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as error:
-        raise DependencyError(
-            f"setup_model_state needs megatron-core ({module} does not import: {error}); "
-            "pip install megatron-core (0.19 needs Python >= 3.12)"
-        ) from error
+    return import_or_refuse(
+        module, "setup_model_state", "megatron-core", "pip install megatron-core (0.19 needs Python >= 3.12)"
+    )
 
 
 def _rank_in(group: Any) -> int:
@@ -40,6 +36,20 @@ def _size(group: Any) -> int:
     return 0 if group is None else int(dist.get_world_size(group))
 
 
+#: The fields of a collection ``setup_model_state`` reads (each None or a process group); the last two may be absent.
+_READ = ("tp", "ep", "expt_tp", "gtp_remat", "expt_gtp_remat")
+
+
+def _check_collection(pgs: object) -> None:
+    for name in _READ:
+        if not hasattr(pgs, name) and name in _READ[:3]:
+            raise refuse("", "pgs", pgs, f"a ProcessGroupCollection (this {type(pgs).__name__} has no {name!r})")
+        value = getattr(pgs, name, None)
+        if value is not None and not isinstance(value, dist.ProcessGroup):
+            raise refuse("", "pgs", pgs, f"a ProcessGroupCollection (its {name!r} is no process group)")
+
+
+@public
 def setup_model_state(pgs: Any, *, seed: int) -> None:
     """Make Megatron's global memory buffer and seed its RNG tracker from ``pgs``, for models built with it.
 
@@ -60,8 +70,12 @@ def setup_model_state(pgs: Any, *, seed: int) -> None:
         seed: the seed a training script gives ``model_parallel_cuda_manual_seed``.
 
     Raises:
+        InvalidArgumentError: (a ``ValueError``) ``pgs`` lacks Megatron's fields or holds no process groups
+            there, ``seed`` is not an int in torch's seed range (int64; Megatron adds small offsets).
         DependencyError: (an ``ImportError``) megatron-core does not import.
     """
+    _check_collection(pgs)
+    check_int("", "seed", seed, -(2**63), 2**63 - 1)
     parallel_state = _megatron("megatron.core.parallel_state")
     random = _megatron("megatron.core.tensor_parallel.random")
     if parallel_state._GLOBAL_MEMORY_BUFFER is None:

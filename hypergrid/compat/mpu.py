@@ -19,6 +19,8 @@ import torch.distributed as dist
 from hypergrid.errors import DimsError, InvalidArgumentError
 from hypergrid.grid import HyperCommGrid
 from hypergrid.layout import Dims
+from hypergrid.validation import check_bool, check_instance, public_methods
+from hypergrid.values import shown
 
 __all__ = ["MPU"]
 
@@ -60,10 +62,11 @@ def _role(name: str) -> tuple[Callable[[MPU], Any], Callable[[MPU], int], Callab
 def _check_vp_stage(vp_stage: int | None) -> None:
     if vp_stage is not None and vp_stage != 0:
         raise InvalidArgumentError(
-            f"vp_stage={vp_stage!r}: this MPU has no virtual pipeline, so the only virtual stage is 0"
+            f"vp_stage={shown(vp_stage)}: this MPU has no virtual pipeline, so the only virtual stage is 0"
         )
 
 
+@public_methods
 class MPU:
     """Data / tensor / pipeline / model / context / expert parallel getters over a ``HyperCommGrid``.
 
@@ -96,6 +99,7 @@ class MPU:
     Raises:
         DimsError: a role names a dim its grid does not have (the message lists
             the keywords and the grid's dims), or repeats one.
+        InvalidArgumentError: ``grid`` or ``expert_grid`` is not a grid, ``create`` not True or False.
     """
 
     def __init__(
@@ -114,6 +118,9 @@ class MPU:
         expert_grid: HyperCommGrid | None = None,
         create: bool = True,
     ) -> None:
+        check_instance("", "grid", grid, HyperCommGrid, "a HyperCommGrid")
+        check_instance("", "expert_grid", expert_grid, HyperCommGrid, "None or a HyperCommGrid", optional=True)
+        create = check_bool("", "create", create)
         self.grid = grid
         self.expert_grid = grid if expert_grid is None else expert_grid
         given: dict[str, Dims | None] = {
@@ -163,7 +170,7 @@ class MPU:
         except DimsError as error:
             keywords = ", ".join(f"{name}=" for name in _ROLES)
             raise DimsError(
-                f"MPU role {role}={dims!r} does not name dims of the grid {grid.dim_names} ({error}); "
+                f"MPU role {role}={shown(dims)} does not name dims of the grid {grid.dim_names} ({error}); "
                 f"name each role's dims with the keywords {keywords}"
             ) from None
 

@@ -45,8 +45,12 @@ from typing import Any
 
 import torch
 
-from hypergrid.errors import GridSpecError, InvalidArgumentError
+from hypergrid.errors import GridSpecError
 from hypergrid.grid import HyperCommGrid
+from hypergrid.grid.mesh import DEVICE_TYPE
+from hypergrid.layout.spec import MAX_WORLD_SIZE
+from hypergrid.validation import check_choice, check_instance, check_str, public, public_methods, refuse
+from hypergrid.values import as_int
 
 __all__ = ["DENSE_DIMS", "EXPERT_DIMS", "TitanMeshes", "build_mesh"]
 
@@ -67,6 +71,44 @@ def _default_device_type() -> str:
     return "cpu" if accelerator is None else accelerator.type
 
 
+def _degrees(degrees: dict[str, object]) -> dict[str, int]:
+    """torchtitan's degrees as ints: each in 1..2**31-1 (``dp_shard`` may be -1), else refused naming it."""
+    checked = {}
+    for name, value in degrees.items():
+        number = as_int(value)
+        if number is None or not (1 <= number <= MAX_WORLD_SIZE or (name, number) == ("dp_shard", -1)):
+            more = " (or -1: the rest of the world)" if name == "dp_shard" else ""
+            raise refuse("", name, value, f"a positive int up to {MAX_WORLD_SIZE}{more}")
+        checked[name] = number
+    return checked
+
+
+#: What ``build_mesh`` reads and writes on a ``ParallelDims`` (torchtitan 0.3).
+_DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "world_size")
+_FIELDS = ("_world_mesh", "_single_axis_meshes", "_multi_axis_meshes", "_spmd_meshes")
+_METHODS = ("get_activated_mesh", "_validate_meshes")
+
+
+def _check_parallel_dims(parallel_dims: object) -> None:
+    """``parallel_dims`` has what torchtitan 0.3's ``ParallelDims`` has (read before anything is built)."""
+    try:
+        fields = vars(parallel_dims)
+    except TypeError:
+        fields = {}
+    missing = [name for name in (*_DEGREES, "spmd_backend") if not hasattr(parallel_dims, name)]
+    missing += [name for name in _FIELDS if name not in fields]
+    missing += [name for name in _METHODS if not callable(getattr(parallel_dims, name, None))]
+    if missing:
+        raise refuse(
+            "",
+            "parallel_dims",
+            parallel_dims,
+            f"a torchtitan 0.3 ParallelDims (this {type(parallel_dims).__name__} has no {missing}): "
+            "hypergrid.compat.torchtitan fills the fields of torchtitan 0.3's ParallelDims",
+        )
+
+
+@public_methods
 class TitanMeshes:
     """Every mesh torchtitan's ``ParallelDims.build_mesh`` provides, exported from one grid and its expert view.
 
@@ -90,7 +132,7 @@ class TitanMeshes:
 
     Raises:
         InvalidArgumentError: a degree is not a positive int (``dp_shard`` may be -1),
-            or ``spmd_backend`` is unknown.
+            ``spmd_backend`` is unknown, ``grid`` is not a grid, or ``device_type`` not a device type.
         GridSpecError: the degrees do not multiply to ``world_size``, ``ep`` does
             not divide ``dp_shard * cp * tp``, or ``grid`` has other dims or sizes.
     """
@@ -109,32 +151,31 @@ class TitanMeshes:
         grid: HyperCommGrid | None = None,
         device_type: str | None = None,
     ) -> None:
-        degrees = {"dp_replicate": dp_replicate, "cp": cp, "tp": tp, "pp": pp, "ep": ep, "world_size": world_size}
-        for name, value in {**degrees, "dp_shard": dp_shard}.items():
-            if (
-                not isinstance(value, int)
-                or isinstance(value, bool)
-                or (value < 1 and (name, value) != ("dp_shard", -1))
-            ):
-                raise InvalidArgumentError(f"TitanMeshes: {name}={value!r} must be a positive int (dp_shard may be -1)")
-        if spmd_backend not in _BACKENDS:
-            raise InvalidArgumentError(f"TitanMeshes: spmd_backend={spmd_backend!r} must be one of {list(_BACKENDS)}")
+        degrees = _degrees(
+            {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": cp, "tp": tp, "pp": pp, "ep": ep,
+             "world_size": world_size}
+        )  # fmt: skip
+        dp_replicate, dp_shard, cp, tp, pp, ep, world_size = (degrees[name] for name in _DEGREES)
+        check_choice("", "spmd_backend", spmd_backend, _BACKENDS)
+        check_instance("", "grid", grid, HyperCommGrid, "None or a HyperCommGrid", optional=True)
+        if device_type is not None:
+            check_str("", "device_type", device_type, DEVICE_TYPE, "None or a device type like 'cpu' or 'cuda'")
         if dp_shard == -1:
             dp_shard = world_size // (dp_replicate * cp * tp * pp)
         sizes = {"tp": tp, "cp": cp, "dp_shard": dp_shard, "dp_replicate": dp_replicate, "pp": pp}
         if dp_shard < 1 or dp_replicate * dp_shard * cp * tp * pp != world_size:
             raise GridSpecError(
-                f"TitanMeshes: dp_replicate {dp_replicate} x dp_shard {dp_shard} x cp {cp} x tp {tp} x pp {pp} "
+                f"dp_replicate {dp_replicate} x dp_shard {dp_shard} x cp {cp} x tp {tp} x pp {pp} "
                 f"!= world_size {world_size}"
             )
         if (dp_shard * cp * tp) % ep:
-            raise GridSpecError(f"TitanMeshes: ep={ep} must divide dp_shard * cp * tp = {dp_shard * cp * tp}")
+            raise GridSpecError(f"ep={ep} must divide dp_shard * cp * tp = {dp_shard * cp * tp}")
         shape = [sizes[name] for name in DENSE_DIMS]
         if grid is None:
             grid = HyperCommGrid(shape, list(DENSE_DIMS))
         elif (grid.shape, grid.dim_names) != (shape, list(DENSE_DIMS)):
             raise GridSpecError(
-                f"TitanMeshes: grid {grid.shape} {grid.dim_names} must be {shape} {list(DENSE_DIMS)} for these degrees"
+                f"grid {grid.shape} {grid.dim_names} must be {shape} {list(DENSE_DIMS)} for these degrees"
             )
         self.grid = grid
         self.spmd_backend = spmd_backend
@@ -201,14 +242,7 @@ class TitanMeshes:
         Raises:
             InvalidArgumentError: ``parallel_dims`` lacks the fields of torchtitan 0.3's ``ParallelDims``.
         """
-        fields = ("_world_mesh", "_single_axis_meshes", "_multi_axis_meshes", "_spmd_meshes")
-        missing = [name for name in fields if name not in vars(parallel_dims)]
-        missing += [name for name in ("get_activated_mesh", "_validate_meshes") if not hasattr(parallel_dims, name)]
-        if missing:
-            raise InvalidArgumentError(
-                f"build_mesh: {type(parallel_dims).__name__} has no {missing}: "
-                "hypergrid.compat.torchtitan fills the fields of torchtitan 0.3's ParallelDims"
-            )
+        _check_parallel_dims(parallel_dims)
         parallel_dims._world_mesh = self.world
         parallel_dims._global_meshes = dict(self.global_meshes)
         parallel_dims._single_axis_meshes = dict(self.single_axis)
@@ -225,6 +259,7 @@ class TitanMeshes:
         return self.world
 
 
+@public
 def build_mesh(parallel_dims: Any, *, grid: HyperCommGrid | None = None, device_type: str | None = None) -> Any:
     """torchtitan's ``parallel_dims.build_mesh()``, with every mesh exported from one hypergrid grid.
 
@@ -237,8 +272,10 @@ def build_mesh(parallel_dims: Any, *, grid: HyperCommGrid | None = None, device_
         device_type: as for ``TitanMeshes``.
 
     Raises:
-        InvalidArgumentError, GridSpecError: as ``TitanMeshes`` and ``TitanMeshes.install``.
+        InvalidArgumentError, GridSpecError: as ``TitanMeshes`` and ``TitanMeshes.install``; checked before
+            any mesh is built.
     """
+    _check_parallel_dims(parallel_dims)
     meshes = TitanMeshes(
         dp_replicate=parallel_dims.dp_replicate,
         dp_shard=parallel_dims.dp_shard,

@@ -23,6 +23,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from hypergrid import HyperCommGrid
 from hypergrid.compat.megatron import (
     PG_FIELDS,
+    ProcessGroupCollection,
     collection_class,
     destroy_process_groups,
     grid_of,
@@ -33,6 +34,7 @@ from hypergrid.errors import (
     DependencyError,
     GridSpecError,
     GroupNotFoundError,
+    InvalidArgumentError,
     NotInitializedError,
     UnexpectedArgumentError,
 )
@@ -213,8 +215,22 @@ def test_setup_model_state_needs_megatron(world8: None) -> None:
     else:
         pytest.skip("megatron-core is installed: make test-megatron tests setup_model_state itself")
     with pytest.raises(DependencyError, match="needs megatron-core") as error:
-        setup_model_state(object(), seed=1)
+        setup_model_state(ProcessGroupCollection(), seed=1)
     assert isinstance(error.value, ImportError)
+
+
+@pytest.mark.parametrize(
+    ("pgs", "seed", "phrase"),
+    [
+        (object(), 1, "pgs=<object object.*has no 'tp'"),
+        (ProcessGroupCollection(tp="tp"), 1, "pgs=.*: expected .*its 'tp' is no process group"),
+        (ProcessGroupCollection(), 2**63, "seed=9223372036854775808: expected an int in"),
+        (ProcessGroupCollection(), 1.5, "seed=1.5"),
+    ],
+)
+def test_setup_model_state_checks_its_arguments_before_megatron(pgs: Any, seed: Any, phrase: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=f"^setup_model_state: {phrase}"):
+        setup_model_state(pgs, seed=seed)
 
 
 def test_field_tables_cover_megatrons_fields() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from hypergrid import GridSpecError, HyperCommGrid, InvalidArgumentError
-from hypergrid.compat.torchtitan import DENSE_DIMS, TitanMeshes
+from hypergrid.compat.torchtitan import DENSE_DIMS, TitanMeshes, build_mesh
 
 ONES = {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "pp": 1, "ep": 1, "world_size": 1}
 
@@ -50,3 +50,11 @@ def test_the_tables_in_a_one_rank_world(one_rank_world: None, backend: str) -> N
     with pytest.raises(InvalidArgumentError, match=r"torchtitan 0\.3's ParallelDims"):
         meshes.install(SimpleNamespace(_world_mesh=None))
     meshes.grid.destroy()
+
+
+def test_build_mesh_checks_parallel_dims_before_any_mesh(one_rank_world: None) -> None:
+    grid = HyperCommGrid([1] * len(DENSE_DIMS), list(DENSE_DIMS))
+    degrees_only = SimpleNamespace(**ONES, spmd_backend="spmd_types")  # no mesh fields: not torchtitan 0.3's
+    with pytest.raises(InvalidArgumentError, match=r"^build_mesh: parallel_dims=.*has no \['_world_mesh'"):
+        build_mesh(degrees_only, grid=grid, device_type="cpu")
+    assert grid.created_keys == [] and "torchtitan_expert" not in grid._views

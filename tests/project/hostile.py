@@ -310,13 +310,36 @@ def entries() -> list[Entry]:
     return table
 
 
+class _ParallelDims:
+    """torchtitan 0.3's ``ParallelDims`` as far as ``build_mesh`` reads and writes it (degrees 1: a one-rank world)."""
+
+    def __init__(self) -> None:
+        self.dp_replicate = self.dp_shard = self.cp = self.tp = self.pp = self.ep = self.world_size = 1
+        self.spmd_backend = "spmd_types"
+        self._world_mesh: Any = None
+        self._single_axis_meshes: dict[str, Any] = {}
+        self._multi_axis_meshes: dict[str, Any] = {}
+        self._spmd_meshes: list[Any] = []
+
+    def get_activated_mesh(self, axes: list[str]) -> Any:
+        return None
+
+    def _validate_meshes(self) -> None:
+        pass
+
+
 def _compat_entries(grid: Any) -> list[Entry]:
-    """The drop-in adapters (another helper's code): counted and reported, walked by their own test."""
+    """The drop-in adapters: valid baselines (in a one-rank world) and every argument but ``**`` settings."""
+    from hypergrid import HyperCommGrid
     from hypergrid.compat import deepspeed, megatron, mpu, torchtitan
 
-    def entry(name: str, call: Callable[[], Callable[..., Any]], kwargs: dict[str, Any]) -> Entry:
-        return Entry(name, name.rpartition(".")[2], call, kwargs, owner="compat")
+    def entry(name: str, call: Callable[[], Callable[..., Any]], kwargs: dict[str, Any], **extra: Any) -> Entry:
+        return Entry(name, name.rpartition(".")[2], call, kwargs, owner="compat", **extra)
 
+    pgs = megatron.process_groups(tp=1, pp=1)  # a collection of its own grid, for the calls that take one
+    titan_grid = HyperCommGrid([1] * len(torchtitan.DENSE_DIMS), list(torchtitan.DENSE_DIMS))
+    ones = {name: 1 for name in ("tp", "pp", "cp", "ep", "etp", "dp", "gtp_remat", "egtp_remat")}
+    roles = dict.fromkeys(("model", "context", "expert", "expert_tensor", "expert_data", "sequence", "expert_grid"))
     return [
         entry("ProcessTopology", lambda: deepspeed.ProcessTopology, {"axes": ["pipe", "data"], "dims": [1, 1]}),
         entry("PipeDataParallelTopology", lambda: deepspeed.PipeDataParallelTopology, {"num_pp": 1, "num_dp": 1}),
@@ -328,31 +351,87 @@ def _compat_entries(grid: Any) -> list[Entry]:
         entry(
             "RankGenerator",
             lambda: megatron.RankGenerator,
-            {"tp": 1, "ep": 1, "dp": 1, "pp": 1, "cp": 1, "order": "tp-cp-ep-dp-pp", "rank_offset": 0},
+            {"tp": 1, "ep": 1, "dp": 1, "pp": 1, "cp": 1, "order": "tp-cp-ep-dp-pp", "rank_offset": 0, "gtp_remat": 1},
         ),
         entry(
             "grid_from_order",
             lambda: megatron.grid_from_order,
-            {"order": "tp-dp", "sizes": {"tp": 1, "dp": 1}, "rank_offset": 0, "backend": None},
+            {"order": "tp-dp", "sizes": {"dp": 1}, "rank_offset": 0, "backend": None, "tp": 1},
         ),
         entry(
             "moe_grids",
             lambda: megatron.moe_grids,
-            {"tp": 1, "pp": 1, "etp": 1, "ep": 1, "cp": 1, "order": "tp-cp-ep-dp-pp", "rank_offset": 0},
+            {
+                "tp": 1,
+                "pp": 1,
+                "etp": 1,
+                "ep": 1,
+                "cp": 1,
+                "order": "tp-cp-ep-dp-pp",
+                "rank_offset": 0,
+                "backend": None,
+                "gtp_remat": 1,
+                "egtp_remat": 1,
+            },
         ),
         entry("process_group_families", lambda: megatron.process_group_families, {"grid": grid, "expert": None}),
-        entry("MPU", lambda: mpu.MPU, {"grid": grid, "data": "dp", "tensor": "tp", "pipe": [], "create": False}),
-        entry("process_groups", lambda: megatron.process_groups, {"grid": grid, "expert": None, "embedding": False}),
-        entry("grid_of", lambda: megatron.grid_of, {"pgs": None}),
-        entry("destroy_process_groups", lambda: megatron.destroy_process_groups, {"pgs": None}),
+        entry(
+            "MPU",
+            lambda: mpu.MPU,
+            {"grid": grid, "data": "dp", "tensor": "tp", "pipe": [], "create": False, **roles},
+        ),
+        entry(
+            "process_groups",
+            lambda: megatron.process_groups,
+            {
+                "grid": grid,
+                "expert": None,
+                "embedding": False,
+                "distributed_optimizer_instances": 1,
+                "hierarchical_cp": None,
+                "all_gather": False,
+            },
+        ),
+        Entry(
+            "process_groups(sizes)",
+            "process_groups",
+            lambda: megatron.process_groups,
+            {**ones, "order": "tp-cp-ep-dp-pp", "rank_offset": 0, "backend": None},
+            owner="compat",
+        ),
+        entry("grid_of", lambda: megatron.grid_of, {"pgs": pgs}),
+        entry("destroy_process_groups", lambda: megatron.destroy_process_groups, {"pgs": pgs}),
         entry("megatron_tokens", lambda: megatron.megatron_tokens, {"order": "tp-dp", "after": "tp"}),
-        entry("setup_model_state", lambda: megatron.setup_model_state, {"pgs": None, "seed": 0}),
+        # torch takes any int64 seed, negative ones too (Megatron adds small offsets to it): -7 is a seed.
+        # Without megatron-core the valid call raises DependencyError, after the arguments are checked.
+        entry(
+            "setup_model_state",
+            lambda: megatron.setup_model_state,
+            {"pgs": pgs, "seed": 0},
+            skip={"seed": {"negative"}},
+        ),
+        # Without DeepSpeed the valid call raises DependencyError, after cls is checked to be None or a class.
         entry("pipeline_module", lambda: deepspeed.pipeline_module, {"cls": None}),
-        entry("build_mesh", lambda: torchtitan.build_mesh, {"parallel_dims": None, "grid": grid, "device_type": None}),
+        entry(
+            "build_mesh",
+            lambda: torchtitan.build_mesh,
+            {"parallel_dims": _ParallelDims(), "grid": None, "device_type": "cpu"},
+        ),
         entry(
             "TitanMeshes",
             lambda: torchtitan.TitanMeshes,
-            {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "pp": 1, "ep": 1, "world_size": 1, "grid": grid},
+            {
+                "dp_replicate": 1,
+                "dp_shard": 1,
+                "cp": 1,
+                "tp": 1,
+                "pp": 1,
+                "ep": 1,
+                "world_size": 1,
+                "spmd_backend": "spmd_types",
+                "grid": titan_grid,
+                "device_type": "cpu",
+            },
         ),
     ]
 
