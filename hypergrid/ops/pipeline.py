@@ -16,7 +16,17 @@ from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import check_live, peer_failures, wait_works
 from hypergrid.errors import DimsError, InvalidArgumentError
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "run_p2p"]
+
+
+def run_p2p(ops: list[dist.P2POp], what: str) -> None:
+    """Post ``ops`` in one ``batch_isend_irecv`` and wait for all of them; a dead peer raises ``RankFailure``."""
+    if not ops:
+        return
+    check_live(what)
+    with peer_failures(what):
+        requests = dist.batch_isend_irecv(ops)
+    wait_works(requests, what)
 
 
 def _checked(
@@ -191,10 +201,4 @@ class Pipeline(GridFacet):
         before, after = self.layout.shift(dim, dist.get_rank())
         present = {"prev": before is not None, "next": after is not None}
         kept = {name: t for name, t in tensors.items() if t is not None and present[name.split("_")[1]]}
-        ops = self.p2p_ops(dim, **kept)
-        if ops:
-            what = f"exchange along {dim!r}"
-            check_live(what)
-            with peer_failures(what):
-                requests = dist.batch_isend_irecv(ops)
-            wait_works(requests, what)
+        run_p2p(self.p2p_ops(dim, **kept), f"exchange along {dim!r}")
