@@ -154,14 +154,6 @@ class Slicer:
             out = out.narrow(self.seq_dim, piece.seq[0] - origin[1], piece.seq[1] - piece.seq[0])
         return out
 
-    def piece_shape(self, local_shape: Sequence[int], piece: Piece) -> list[int]:
-        """The shape of ``piece`` in a tensor whose other dims are those of ``local_shape``."""
-        shape = list(local_shape)
-        shape[self.batch_dim] = piece.batch[1] - piece.batch[0]
-        if self.seq_dim is not None and piece.seq is not None:
-            shape[self.seq_dim] = piece.seq[1] - piece.seq[0]
-        return shape
-
 
 def pieces_ops(
     pieces: Sequence[Piece],
@@ -170,7 +162,7 @@ def pieces_ops(
     sent: tuple[torch.Tensor, tuple[int, int]] | None,
     received: tuple[torch.Tensor, tuple[int, int]] | None,
 ) -> tuple[list[dist.P2POp], list[tuple[torch.Tensor, Piece]]]:
-    """The calling rank's ops for ``pieces``, and the received buffers to place (own pieces are copied at once).
+    """The calling rank's ops for ``pieces`` and the buffers to place (own pieces copied, contiguous ones in place).
 
     ``sent``: the rank's slice and its origin (global row, position) where it
     sends; ``received``: the slice to fill and its origin where it receives.
@@ -186,8 +178,11 @@ def pieces_ops(
             ops.append(dist.P2POp(dist.isend, slicer.view(sent[0], piece, sent[1]).contiguous(), piece.receiver))
         elif piece.receiver == rank:
             assert received is not None
-            target = received[0]
-            buffer = torch.empty(slicer.piece_shape(target.shape, piece), dtype=target.dtype, device=target.device)
+            view = slicer.view(received[0], piece, received[1])
+            if view.is_contiguous():  # rows of a contiguous slice: received in place
+                ops.append(dist.P2POp(dist.irecv, view, piece.sender))
+                continue
+            buffer = torch.empty(view.shape, dtype=view.dtype, device=view.device)
             ops.append(dist.P2POp(dist.irecv, buffer, piece.sender))
             buffers.append((buffer, piece))
     return ops, buffers
