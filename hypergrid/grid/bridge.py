@@ -340,6 +340,7 @@ class Bridge:
                 raise RankError(f"{call}: rank {rank} is not on the {stage} pipeline stage of {grid} in {self!r}")
         check_live(call)
         metas = {direction: self._global(call, direction, tensor) for direction, tensor in sends.items()}
+        sends = {direction: tensor.detach() for direction, tensor in sends.items()}  # sent as data, not in a graph
         for direction, meta in metas.items():
             self._check_meta(call, direction, meta, sends[direction])
         self._agree(call)
