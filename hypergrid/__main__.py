@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
+
+from hypergrid.values import shown
 
 _COMMANDS = {
     "demo": "run the main job: a local gloo grid, every family all-reduced and checked",
@@ -13,26 +16,35 @@ _COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Dispatch to a sub-command; print the list of commands on ``-h`` or a bad one."""
+    """Run a sub-command; ``-h`` lists them; a missing or unknown one is one line on stderr (status 2)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help") or args[0] not in _COMMANDS:
+    if args and args[0] in ("-h", "--help"):
         listing = "\n".join(f"  {name:<6} {text}" for name, text in _COMMANDS.items())
         print(f"usage: python -m hypergrid COMMAND [options]\n\ncommands:\n{listing}")
-        if args and args[0] not in ("-h", "--help"):
-            print(f"\nerror: unknown command {args[0]!r}; choose from {sorted(_COMMANDS)}", file=sys.stderr)
-            return 2
-        return 0 if args else 2
-    if args[0] == "show":
+        return 0
+    if not args or args[0] not in _COMMANDS:
+        said = f"unknown command {shown(args[0])}" if args else "no command given"
+        print(f"python -m hypergrid: error: {said}; choose from {sorted(_COMMANDS)} (see --help)", file=sys.stderr)
+        return 2
+    try:
+        return _run(args[0], args[1:])
+    except BrokenPipeError:  # the reader went away (| head): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _run(command: str, argv: list[str]) -> int:
+    if command == "show":
         from hypergrid.cli import show as cli
 
-        return cli.show(args[1:])
-    if args[0] == "plan":
+        return cli.show(argv)
+    if command == "plan":
         from hypergrid.cli import plan as cli_plan
 
-        return cli_plan.main(args[1:])
+        return cli_plan.main(argv)
     from hypergrid.cli import demo
 
-    return demo.main(args[1:])
+    return demo.main(argv)
 
 
 if __name__ == "__main__":

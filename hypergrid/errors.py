@@ -4,15 +4,23 @@ Every error hypergrid raises on bad input is a ``HyperGridError``, and also
 the builtin exception a caller would expect (``ValueError`` for a bad value,
 ``TypeError`` for a bad type, ``KeyError`` for a missing or duplicate group), so
 ``except ValueError`` keeps working in code written for other libraries.
-Messages name the bad value and what was expected.
+Messages name the call the user made (`public`), the bad value and what was
+expected.
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 __all__ = [
     "BackendError",
     "CollectiveMismatchError",
     "CreationRefusedError",
+    "DependencyError",
     "DesyncError",
     "DimsError",
     "FencedError",
@@ -93,6 +101,10 @@ class UnexpectedArgumentError(HyperGridError, TypeError):
 
 class NotInitializedError(HyperGridError, RuntimeError):
     """A call needs ``torch.distributed`` to be initialized and it is not."""
+
+
+class DependencyError(HyperGridError, ImportError):
+    """A call needs an optional package (say, megatron-core) that does not import."""
 
 
 class WorkerError(HyperGridError, RuntimeError):
@@ -198,3 +210,93 @@ class CollectiveMismatchError(HyperGridError, RuntimeError):
     def __init__(self, message: str, signatures: dict[str, list[int]] | None = None) -> None:
         super().__init__(message)
         self.signatures = signatures or {}
+
+
+# -- messages name the call the user made (the machinery of hypergrid.validation's rule) --------------
+
+F = TypeVar("F", bound=Callable[..., Any])
+C = TypeVar("C", bound=type)
+
+#: Where the message as raised is kept once a call's name was put in front of it.
+_RAISED = "_hypergrid_raised"
+_MARK = "_hypergrid_public"
+
+
+def _starts_with(text: str, call: str) -> bool:
+    return re.match(rf"{re.escape(call)}(?![A-Za-z0-9_])", text) is not None
+
+
+#: Errors about what happened among the ranks (a desync, a dead peer, a mismatch, a worker): their messages say
+#: which collective or creation failed in their own words, and are left as raised. Every other error is about an
+#: argument or the caller's state, and names the call.
+_OUTCOMES: tuple[type[HyperGridError], ...] = (
+    DesyncError,
+    RankFailure,
+    FencedError,
+    CollectiveMismatchError,
+    WorkerError,
+)
+
+
+def name_the_call(error: HyperGridError, call: str) -> None:
+    """Put ``call: `` in front of ``error``'s message (in place of a name an inner public call put there).
+
+    A message that already starts with the call's name is left as raised, and
+    so are errors about what happened among the ranks (`_OUTCOMES`).
+
+    Examples:
+        >>> error = InvalidArgumentError("dim must be one dim name, got ['tp', 'dp']")
+        >>> name_the_call(error, "shift"); name_the_call(error, "is_first"); str(error)
+        "is_first: dim must be one dim name, got ['tp', 'dp']"
+    """
+    if not error.args or not isinstance(error.args[0], str) or isinstance(error, _OUTCOMES):
+        return
+    raised = getattr(error, _RAISED, None)
+    if raised is None:
+        raised = error.args[0]
+        setattr(error, _RAISED, raised)
+    error.args = (raised if _starts_with(raised, call) else f"{call}: {raised}", *error.args[1:])
+
+
+def public(function: F, call: str | None = None) -> F:
+    """``function`` as a public call: a ``HyperGridError`` leaving it names ``call`` (default: its name).
+
+    Examples:
+        >>> def helper(): raise DimsError("unknown dim 'x'")
+        >>> @public
+        ... def key(dims): helper()
+        >>> key("x")
+        Traceback (most recent call last):
+          ...
+        hypergrid.errors.DimsError: key: unknown dim 'x'
+    """
+    name = call or function.__name__
+
+    @functools.wraps(function)
+    def named(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except HyperGridError as error:
+            name_the_call(error, name)
+            raise
+
+    setattr(named, _MARK, name)
+    return named  # type: ignore[return-value]
+
+
+def public_methods(cls: C) -> C:
+    """Make every public method of ``cls`` (inherited ones too) and its constructor a `public` call.
+
+    The constructor's errors name the class. Properties and names starting
+    with ``_`` are left as they are; a method already made public is not wrapped twice.
+    """
+    for name in dir(cls):
+        if name.startswith("_") and name != "__init__":
+            continue
+        raw = inspect.getattr_static(cls, name)
+        function = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+        if not inspect.isfunction(function) or getattr(function, _MARK, None) is not None:
+            continue
+        named = public(function, cls.__name__ if name == "__init__" else name)
+        setattr(cls, name, type(raw)(named) if isinstance(raw, (staticmethod, classmethod)) else named)
+    return cls

@@ -7,9 +7,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from hypergrid.errors import InvalidArgumentError
+from hypergrid.errors import InvalidArgumentError, public
 
-__all__ = ["MAX_TIMEOUT_S", "as_int", "as_number", "is_int", "check_timeout", "format_ranks", "shown"]
+__all__ = ["MAX_TIMEOUT_S", "as_int", "as_number", "is_int", "check_timeout", "first_line", "format_ranks", "shown"]
 
 #: The longest timeout hypergrid passes on (100 years, in seconds). torch and gloo turn a
 #: timeout into a deadline, now + timeout, in int64 nanoseconds since 1970, which overflows at
@@ -41,7 +41,7 @@ def is_int(value: object) -> bool:
 
 
 def shown(value: object, limit: int = 120) -> str:
-    """``repr(value)`` for a message: shortened past ``limit`` characters, and never an error.
+    """``repr(value)`` for a message: on one line, shortened past ``limit`` characters, and never an error.
 
     Python refuses to print an int of more than 4,300 digits (``ValueError``);
     a message that quotes one must not fail in its place.
@@ -58,7 +58,20 @@ def shown(value: object, limit: int = 120) -> str:
         if isinstance(value, int):
             return f"<an int of {value.bit_length()} bits>"
         return f"<a {type(value).__name__} too long to print>"
+    if "\n" in text:  # a numpy array's repr: one line in a message
+        text = " ".join(text.split())
     return text if len(text) <= limit else f"{text[: limit - 30]}...({len(text)} characters)"
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message, or its class name when it has none (for one-line messages).
+
+    Examples:
+        >>> first_line(RuntimeError("Connection closed by peer\\nat pair.cc")), first_line(KeyError())
+        ('Connection closed by peer', 'KeyError')
+    """
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def as_number(value: object) -> float | None:
@@ -79,6 +92,7 @@ def as_number(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
+@public
 def check_timeout(value: object, name: str) -> float:
     """A timeout in seconds: a positive, finite number (not a bool) of at most `MAX_TIMEOUT_S`.
 
@@ -91,17 +105,20 @@ def check_timeout(value: object, name: str) -> float:
         >>> check_timeout(1e12, "timeout_s")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
           ...
-        hypergrid.errors.InvalidArgumentError: timeout_s must be a positive number of seconds up to 3155760000 ...
+        hypergrid.errors.InvalidArgumentError: check_timeout: timeout_s=1000000000000.0: expected a positive number ...
     """
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"name={shown(name)}: expected the argument's name (a str)")
     number = as_number(value)
     if number is None or not 0 < number <= MAX_TIMEOUT_S:
         raise InvalidArgumentError(
-            f"{name} must be a positive number of seconds up to {MAX_TIMEOUT_S:.0f} (100 years; longer "
-            f"deadlines overflow inside torch), got {shown(value)}"
+            f"{name}={shown(value)}: expected a positive number of seconds up to {MAX_TIMEOUT_S:.0f} (100 years; "
+            "longer deadlines overflow inside torch)"
         )
     return number
 
 
+@public
 def format_ranks(ranks: Iterable[int]) -> str:
     """A compact, readable list of ranks: runs of consecutive ranks become ``a-b``.
 
@@ -111,7 +128,11 @@ def format_ranks(ranks: Iterable[int]) -> str:
         >>> format_ranks([])
         'none'
     """
-    ordered = sorted(set(ranks))
+    if not isinstance(ranks, (list, tuple, range, set, frozenset)) or not all(
+        is_int(rank) and abs(rank) < 2**63 for rank in ranks
+    ):
+        raise InvalidArgumentError(f"ranks={shown(ranks)}: expected a list of ints (ranks)")
+    ordered = sorted({int(rank) for rank in ranks})
     if not ordered:
         return "none"
     parts = []

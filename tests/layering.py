@@ -34,7 +34,7 @@ class Layer:
 
 # Lowest first: a layer may import the layers listed before it, never those after.
 LAYERS: tuple[Layer, ...] = (
-    Layer("base", ("errors", "values"), True, "the exceptions and value checks every layer uses"),
+    Layer("base", ("errors", "values", "validation"), True, "the exceptions, value checks and the rule for arguments"),
     Layer("layout", ("layout",), True, "rank arithmetic: spec, coordinates, families, keys, node splits, sharing"),
     Layer("cluster", ("cluster",), True, "tiers, presets, calibration, spans, the placement report's pure part"),
     Layer(

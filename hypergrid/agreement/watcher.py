@@ -42,7 +42,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.agreement import diagnosis
+from hypergrid.agreement import connections, diagnosis
 from hypergrid.agreement.liveness import END, PROBE, Incident, Verdict, bound_s, end_text, incident_prefix
 from hypergrid.binding import alarm
 from hypergrid.binding.failures import abort_world_groups
@@ -322,7 +322,7 @@ def start_watcher(world: int, rank: int, size: int, base_store: Any) -> Watcher 
     if size < 2 or not watching_enabled():
         return None
     try:
-        store, side = base_store.clone(), base_store.clone()
+        store, side = connections.take(base_store, 2)  # prepared in the background: a connect can take seconds
     except (RuntimeError, AttributeError):  # a store that cannot open a second connection (torch's FakeStore)
         return None
     return Watcher(store, side, world, rank, size).start()

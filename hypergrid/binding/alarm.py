@@ -174,16 +174,22 @@ def failure(what: str, said: str, dead: Sequence[int] = ()) -> HyperGridError:
     )
 
 
-def wait(work: Any, what: str) -> None:
+def wait(work: Any, what: str, stream: bool = False) -> None:
     """Wait for torch's ``work``; return early with ``RankFailure`` if the world fails meanwhile.
 
     Without a watcher (a world of one, the fake backend) it is ``work.wait()``.
+    With ``stream=True`` (tensors on an accelerator: NCCL) it is ``work.wait()``
+    between two checks too: there ``wait`` only orders the current stream after
+    the collective and never blocks the host, so waiting on the host for the
+    work's future would stall every step; a failed world is ended by aborting
+    its communicators instead (`hypergrid.binding.failures.abort_world_groups`).
     torch's error, if the work failed, propagates as torch raised it.
     """
     check(what)
     data = _alarm.state()
-    if data["reporter"] is None:
+    if data["reporter"] is None or stream:
         work.wait()
+        check(what)
         return
     try:
         future = work.get_future()

@@ -24,9 +24,11 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from hypergrid.binding.options import unavailable_backend
 from hypergrid.binding.worldstate import PerWorld, held_group_count
 from hypergrid.errors import BackendError, CreationRefusedError, InvalidArgumentError
 from hypergrid.launch import sockets
+from hypergrid.values import first_line, shown
 
 __all__ = ["STRATEGIES", "check_strategy", "check_can_split", "create_family"]
 
@@ -43,8 +45,8 @@ def check_strategy(strategy: object) -> str:
         >>> check_strategy("local")
         'local'
     """
-    if strategy not in STRATEGIES:
-        raise InvalidArgumentError(f"strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
+    if not isinstance(strategy, str) or strategy not in STRATEGIES:
+        raise InvalidArgumentError(f"strategy must be one of {list(STRATEGIES)}, got {shown(strategy)}")
     return str(strategy)
 
 
@@ -59,15 +61,15 @@ def check_can_split(backend: str | None) -> None:
     default_backend = dist.get_backend()
     if backend is not None and backend != default_backend:
         raise BackendError(
-            f"strategy 'split' makes groups of the default group's backend {default_backend!r}; "
-            f"it cannot make {backend!r} groups (use strategy 'enumerate' or 'local')"
+            f"strategy 'split' makes groups of the default group's backend {shown(default_backend)}; "
+            f"it cannot make {shown(backend)} groups (use strategy 'enumerate' or 'local')"
         )
     device = None if default is None else default.bound_device_id
     if device is None or default_backend != "nccl":
         bound = "without a bound device" if device is None else f"bound to {device}"
         raise BackendError(
             "strategy 'split' needs the default group to be NCCL bound to a device "
-            f"(init_process_group('nccl', device_id=...)); this one is {default_backend!r} {bound}; "
+            f"(init_process_group('nccl', device_id=...)); this one is {shown(default_backend)} {bound}; "
             "use strategy 'enumerate' or 'local'"
         )
 
@@ -78,6 +80,7 @@ def create_family(
     my_ranks: list[int] | None,
     options: dict[str, Any],
     bound_s: float | None = None,
+    family: str = "",
 ) -> dist.ProcessGroup | None:
     """Create one family's groups with ``strategy``; return the caller's group or None.
 
@@ -86,8 +89,36 @@ def create_family(
     ``bound_s``: torch waits at most this long for the other members while it
     creates (a dead peer fails the creation instead of hanging it); the group
     then gets its own timeout (``options["timeout"]``, else torch's default) for
-    its collectives.
+    its collectives. ``family`` names the family in errors (default: its groups).
+
+    Raises:
+        BackendError: torch refused the backend because this machine's build
+            lacks it (the name was checked when the grid or call was made; whether
+            it is built in is torch's to say, here): one line naming both.
     """
+    try:
+        return _bounded(strategy, rank_enum, my_ranks, options, bound_s)
+    except (RuntimeError, AssertionError) as error:
+        backend = options.get("backend")
+        missing = unavailable_backend(backend)
+        if missing is None:
+            raise
+        named = family or f"over groups {shown(rank_enum if rank_enum is not None else [my_ranks])}"
+        raise BackendError(
+            f"creating family {named} with backend {shown(backend)}: backend {shown(missing)} is not "
+            f"available in this torch "
+            f"build on this machine (torch.distributed.is_{missing}_available() is not True; torch said: "
+            f"{first_line(error)}); use another backend or a torch built with it"
+        ) from error
+
+
+def _bounded(
+    strategy: str,
+    rank_enum: list[list[int]] | None,
+    my_ranks: list[int] | None,
+    options: dict[str, Any],
+    bound_s: float | None,
+) -> dist.ProcessGroup | None:
     before = sockets.snapshot()  # the connections this creation opens are the group's (severed if it aborts)
     if bound_s is None or dist.get_backend() == "fake":
         group = _create(strategy, rank_enum, my_ranks, options)
@@ -116,7 +147,7 @@ def _create(
         if identity in used:
             raise CreationRefusedError(
                 f"strategy 'local' would create a group over ranks {my_ranks} while this rank holds "
-                f"{identity[1]} process groups, as when it created group {used[identity]!r} over the same "
+                f"{identity[1]} process groups, as when it created group {shown(used[identity])} over the same "
                 "ranks: torch would give the new group that same name and reuse its rendezvous keys in "
                 "the store, left behind when it was destroyed, so the members would connect to stale "
                 "addresses (connection refused) or hang. Create this family with strategy='enumerate', "

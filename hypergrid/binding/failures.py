@@ -26,6 +26,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
@@ -116,15 +117,16 @@ def check_live(what: str) -> None:
     alarm.check(what)
 
 
-def wait_work(work: Any, what: str) -> None:
+def wait_work(work: Any, what: str, stream: bool = False) -> None:
     """Wait for a torch ``Work``; a peer's failure, or failure news from another rank, raises ``RankFailure``.
 
     The wait ends as soon as the work completes or this rank learns that the
     world failed (`hypergrid.binding.alarm`), whichever comes first; torch's
-    error, where there is one, is kept as ``__cause__``.
+    error, where there is one, is kept as ``__cause__``. ``stream=True`` (the
+    work's tensors are on an accelerator) never blocks the host (`alarm.wait`).
     """
     with peer_failures(what):
-        alarm.wait(work, what)
+        alarm.wait(work, what, stream)
 
 
 def wait_works(works: Iterable[Any], what: str) -> None:
@@ -140,13 +142,14 @@ class Watched:
     ``result()`` are torch's; ``work`` is the wrapped handle.
     """
 
-    def __init__(self, work: Any, what: str) -> None:
+    def __init__(self, work: Any, what: str, stream: bool = False) -> None:
         self.work = work
         self.what = what
+        self.stream = stream
 
     def wait(self, timeout: Any = None) -> bool:
         """Wait for the work (``timeout`` is accepted for torch's signature and ignored); True once it completed."""
-        wait_work(self.work, self.what)
+        wait_work(self.work, self.what, self.stream)
         return True
 
     def __getattr__(self, name: str) -> Any:
@@ -176,11 +179,27 @@ def communicate(what: str, call: Callable[..., Any], *args: Any, async_op: bool 
     check_live(what)
     with peer_failures(what):
         work = call(*args, async_op=True, **kwargs)
+    stream = on_accelerator(args, kwargs)
     if async_op:
-        return Watched(work, what)
+        return Watched(work, what, stream)
     if work is not None:
-        wait_work(work, what)
+        wait_work(work, what, stream)
     return None
+
+
+def on_accelerator(args: Iterable[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether the first tensor among a call's arguments (or in a list of them) lives off the host.
+
+    Examples:
+        >>> import torch
+        >>> on_accelerator([torch.ones(1)], {}), on_accelerator([], {"tensor_list": [torch.ones(1)]})
+        (False, False)
+    """
+    for value in [*args, *kwargs.values()]:
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, torch.Tensor):
+                return item.device.type not in ("cpu", "meta")
+    return False
 
 
 #: Aborted groups kept alive while a work a grid wait gave up on still runs (see `abort_groups`).

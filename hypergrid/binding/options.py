@@ -5,9 +5,9 @@ and ``HyperCommGrid(..., group_options=...)`` are checked here, before any
 communication; the guard and the sharing pool compare options by the
 descriptions made here, never by object identity, so they are equal on every
 rank that asks for the same settings. Backends are checked against what torch
-accepts (a name, or ``"device:backend"`` pairs such as ``"cpu:gloo,cuda:nccl"``)
-and, when a group is about to be created, against what this machine's torch has
-built in.
+accepts (a name, or ``"device:backend"`` pairs such as ``"cpu:gloo,cuda:nccl"``),
+by name only: whether this machine's torch has it built in is torch's to say
+when the groups are created (`unavailable_backend` then names it).
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from typing import Any
 import torch.distributed as dist
 
 from hypergrid.errors import BackendError, InvalidArgumentError, UnexpectedArgumentError
-from hypergrid.values import MAX_TIMEOUT_S
+from hypergrid.values import MAX_TIMEOUT_S, shown
 
 __all__ = [
     "GROUP_OPTIONS",
-    "check_backend_available",
     "check_group_options",
     "check_tag",
     "describe_options",
@@ -32,6 +31,7 @@ __all__ = [
     "family_options",
     "normalize_backend",
     "refuse_keywords",
+    "unavailable_backend",
 ]
 
 #: Options a family's groups accept (passed on to torch), grid-wide or per call.
@@ -62,7 +62,7 @@ def check_tag(tag: object) -> str | None:
         return tag
     raise InvalidArgumentError(
         "tag must be None or a short identifier (a letter or '_', then up to 31 letters, digits "
-        f"or '_'), such as 'ag' or 'cpu'; got {tag!r}"
+        f"or '_'), such as 'ag' or 'cpu'; got {shown(tag)}"
     )
 
 
@@ -91,7 +91,7 @@ def check_group_options(options: Mapping[str, Any] | None, what: str = "group_op
     if options is None:
         return {}
     if not isinstance(options, Mapping):
-        raise UnexpectedArgumentError(f"{what} must be a dict of {list(GROUP_OPTIONS)}, got {options!r}")
+        raise UnexpectedArgumentError(f"{what} must be a dict of {list(GROUP_OPTIONS)}, got {shown(options)}")
     unknown = sorted(map(str, set(options) - set(GROUP_OPTIONS)))
     if unknown:
         raise UnexpectedArgumentError(f"{what} has unknown option(s) {unknown}; accepted: {list(GROUP_OPTIONS)}")
@@ -102,11 +102,12 @@ def check_group_options(options: Mapping[str, Any] | None, what: str = "group_op
     ):
         raise InvalidArgumentError(
             f"timeout must be a positive datetime.timedelta of at most 100 years "
-            f"({datetime.timedelta(seconds=MAX_TIMEOUT_S)}; torch's deadlines overflow beyond) or None, got {timeout!r}"
+            f"({datetime.timedelta(seconds=MAX_TIMEOUT_S)}; torch's deadlines overflow beyond) or None, got "
+            f"{shown(timeout)}"
         )
     desc = checked.get("group_desc")
     if desc is not None and not isinstance(desc, str):
-        raise InvalidArgumentError(f"group_desc must be a str or None, got {desc!r}")
+        raise InvalidArgumentError(f"group_desc must be a str or None, got {shown(desc)}")
     return checked
 
 
@@ -130,7 +131,7 @@ def normalize_backend(backend: object, what: str) -> str | None:
     """``None``, or a backend in a form torch accepts, in lower case: a name or ``device:backend`` pairs.
 
     Checks the spelling only (a grid may be planned for NCCL on a CPU machine);
-    `check_backend_available` checks this machine before a group is created.
+    whether torch has it built in is torch's to say when groups are created.
 
     Raises:
         BackendError: not a str, an unknown backend name, ``"undefined"`` (use
@@ -149,13 +150,15 @@ def normalize_backend(backend: object, what: str) -> str | None:
     if backend is None:
         return None
     if not isinstance(backend, str) or not backend.strip():
-        raise BackendError(f"{what} must be None or {_BACKEND_FORMS}; got {backend!r}")
+        raise BackendError(f"{what} must be None or {_BACKEND_FORMS}; got {shown(backend)}")
     known = _known_backends()
     names = sorted(set(known) - {"undefined"})
     text = backend.strip().lower()
     if ":" not in text:
         if text not in names:
-            raise BackendError(f"{what} {backend!r} is not a backend this torch knows; expected one of {names} or None")
+            raise BackendError(
+                f"{what} {shown(backend)} is not a backend this torch knows; expected one of {names} or None"
+            )
         return text
     devices = sorted({device for served in known.values() for device in served} | {"mps"})
     pairs: dict[str, str] = {}
@@ -163,42 +166,41 @@ def normalize_backend(backend: object, what: str) -> str | None:
         device, sep, name = (part.strip() for part in pair.partition(":"))
         if device in names and name in devices:
             raise BackendError(
-                f"{what} {backend!r} has the pair {pair.strip()!r} reversed: pairs are device:backend, "
+                f"{what} {shown(backend)} has the pair {pair.strip()!r} reversed: pairs are device:backend, "
                 f"such as {name + ':' + device!r}"
             )
         if not sep or ":" in name or device not in devices or name not in names:
             raise BackendError(
-                f"{what} {backend!r}: {pair.strip()!r} is not a device:backend pair (devices {devices}, "
+                f"{what} {shown(backend)}: {pair.strip()!r} is not a device:backend pair (devices {devices}, "
                 f"backends {names}); expected {_BACKEND_FORMS}"
             )
         if device in pairs:
-            raise BackendError(f"{what} {backend!r} names device {device!r} twice; give one backend per device")
+            raise BackendError(
+                f"{what} {shown(backend)} names device {shown(device)} twice; give one backend per device"
+            )
         pairs[device] = name
     return ",".join(f"{device}:{name}" for device, name in pairs.items())
 
 
-def check_backend_available(backend: str | None, what: str = "backend") -> None:
-    """Refuse a (normalized) backend that this machine's torch was built without.
+def unavailable_backend(backend: str | None) -> str | None:
+    """The first backend of a (normalized) backend string that this machine's torch was built without, or None.
 
-    ``None`` (the default group's backend) always passes.
-
-    Raises:
-        BackendError: a backend, or one of a ``device:backend`` string's, that
-            torch reports unavailable (``torch.distributed.is_nccl_available()``, ...).
+    ``None`` (the default group's backend) is always available. Not a check
+    before creation: a grid may name NCCL on a machine without it (planning,
+    tests that stand in for torch's creation); torch refuses at creation time,
+    and `hypergrid.binding.creation` uses this to say so in one line.
 
     Examples:
-        >>> check_backend_available("gloo")
-        >>> check_backend_available("cpu:gloo")
+        >>> unavailable_backend("gloo"), unavailable_backend("cpu:gloo"), unavailable_backend(None)
+        (None, None, None)
     """
     if backend is None:
-        return
-    for name in {pair.rpartition(":")[2] for pair in backend.split(",")}:
+        return None
+    for name in sorted({pair.rpartition(":")[2] for pair in backend.split(",")}):
         probe = getattr(dist, f"is_{name}_available", None)
         if name not in _plugins() and (probe is None or not probe()):
-            raise BackendError(
-                f"{what} {backend!r}: backend {name!r} is not available in this torch build on this machine "
-                f"(torch.distributed.is_{name}_available() is not True); use another backend or a torch built with it"
-            )
+            return name
+    return None
 
 
 def refuse_keywords(call: str, kwargs: Mapping[str, Any], hint: str) -> None:
@@ -231,8 +233,9 @@ def family_options(
 
     Raises:
         UnexpectedArgumentError: an unknown keyword argument.
-        BackendError: a bad backend, another backend than the grid's on an untagged
-            family, or a backend this machine's torch does not have.
+        BackendError: a bad backend name, or another backend than the grid's on an
+            untagged family (whether this machine's torch has it is torch's to say,
+            when the groups are created).
         InvalidArgumentError: a bad option value.
 
     Examples:
@@ -244,15 +247,14 @@ def family_options(
     options = check_group_options({**defaults, **{name: kwargs[name] for name in GROUP_OPTIONS if name in kwargs}})
     asked = normalize_backend(kwargs.get("backend"), "create_pg's backend")
     if asked is None or asked == grid_backend:
-        check_backend_available(grid_backend, "the grid's backend")
         return grid_backend, options
     if tag is None and grid_backend is not None:
         raise BackendError(
-            f"create_pg was asked for backend {kwargs['backend']!r} but this grid was built with backend "
-            f"{grid_backend!r}; give the family a tag (create_pg(..., backend={kwargs['backend']!r}, tag='cpu')) "
+            f"create_pg was asked for backend {shown(kwargs['backend'])} but this grid was built with backend "
+            f"{shown(grid_backend)}; give the family a tag (create_pg(..., "
+            f"backend={shown(kwargs['backend'])}, tag='cpu')) "
             "for a second communicator on another backend"
         )
-    check_backend_available(asked, "create_pg's backend")
     return asked, options
 
 

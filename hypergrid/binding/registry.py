@@ -111,8 +111,8 @@ def create_uninitialized(strategy: str, rank_enum: list[list[int]], options: dic
     reported as ``NotInitializedError``.
     """
     problem = (
-        "create_pg needs torch.distributed to be initialized: call torch.distributed.init_process_group first "
-        "(get_rank_enum works offline)"
+        "creating a family needs torch.distributed to be initialized: call torch.distributed.init_process_group "
+        "first (get_rank_enum works offline)"
     )
     if strategy != "enumerate":
         raise NotInitializedError(problem)

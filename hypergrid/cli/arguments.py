@@ -20,10 +20,11 @@ from typing import NoReturn
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.values import shown
 
-__all__ = ["OneLineParser", "check_output", "parse_int", "require_module", "write_text", "writing"]
+__all__ = ["OneLineParser", "check_output", "parse_int", "parse_seconds", "require_module", "write_text", "writing"]
 
 # ASCII digits only: str.isdigit() and int() also take "²" or "٣"; 18 digits stay below int()'s text limit.
 _INT = re.compile(r"[0-9]{1,18}")
+_SECONDS = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -55,6 +56,25 @@ def parse_int(text: str, what: str, minimum: int = 0) -> int:
     return int(text)
 
 
+def parse_seconds(text: str, what: str) -> float:
+    """``text`` as a number of seconds: digits with an optional fraction (``"300"``, ``"2.5"``), nothing else.
+
+    Raises:
+        InvalidArgumentError: anything else (``"nan"``, ``"inf"``, ``"-1"``, ``"1e3"``).
+
+    Examples:
+        >>> parse_seconds("2.5", "--timeout")
+        2.5
+        >>> parse_seconds("nan", "--timeout")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+          ...
+        hypergrid.errors.InvalidArgumentError: --timeout='nan': expected seconds written in digits 0-9 ...
+    """
+    if not isinstance(text, str) or not _SECONDS.fullmatch(text):
+        raise InvalidArgumentError(f"{what}={shown(text)}: expected seconds written in digits 0-9 (such as 300 or 2.5)")
+    return float(text)
+
+
 def check_output(path: pathlib.Path, what: str) -> None:
     """Refuse an output path that cannot be written, before any work: a directory, or no writable parent.
 
@@ -71,14 +91,18 @@ def check_output(path: pathlib.Path, what: str) -> None:
           ...
         hypergrid.errors.InvalidArgumentError: --json '/' is a directory; give a file name
     """
-    if path.is_dir():
-        raise InvalidArgumentError(f"{what} {str(path)!r} is a directory; give a file name")
-    ancestor = path.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
+    try:
+        is_dir = path.is_dir()
+        ancestor = path.parent
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+    except OSError as error:  # a name too long for the file system, ...
+        raise InvalidArgumentError(f"{what} {shown(str(path))}: not a path it can write ({error.strerror})") from None
+    if is_dir:
+        raise InvalidArgumentError(f"{what} {shown(str(path))} is a directory; give a file name")
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
         raise InvalidArgumentError(
-            f"{what} {str(path)!r}: cannot create it: {str(ancestor)!r} is not a writable directory"
+            f"{what} {shown(str(path))}: cannot create it: {shown(str(ancestor))} is not a writable directory"
         )
 
 
@@ -93,7 +117,7 @@ def writing(path: pathlib.Path, what: str) -> Iterator[pathlib.Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         yield path
     except OSError as error:
-        raise InvalidArgumentError(f"{what} {str(path)!r}: cannot write it ({error.strerror or error})") from None
+        raise InvalidArgumentError(f"{what} {shown(str(path))}: cannot write it ({error.strerror or error})") from None
 
 
 def write_text(path: pathlib.Path, text: str, what: str) -> None:

@@ -10,7 +10,6 @@ local gloo processes itself. Under ``torchrun`` it joins the job through
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import time
@@ -21,10 +20,13 @@ import torch
 import torch.distributed as dist
 
 from hypergrid.binding.failures import communicate
+from hypergrid.cli.arguments import OneLineParser, parse_seconds
 from hypergrid.cli.show import parse_grid_arguments
 from hypergrid.errors import HyperGridError, InvalidArgumentError
 from hypergrid.grid import HyperCommGrid
 from hypergrid.launch import default_device, init_from_env, spawn
+from hypergrid.launch.processes import MAX_SPAWN
+from hypergrid.values import check_timeout, shown
 
 __all__ = ["FamilyReport", "format_table", "main", "run_families"]
 
@@ -127,18 +129,24 @@ def format_table(shape: Sequence[int], dim_names: Sequence[str], rows: Sequence[
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; return 0 when every family checks out, 1 otherwise."""
-    parser = argparse.ArgumentParser(prog="python -m hypergrid demo", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m hypergrid demo", description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="2,2,2", help="dim sizes, innermost first (default 2,2,2)")
     parser.add_argument("--dims", default="tp,cp,dp", help="dim names, innermost first (default tp,cp,dp)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="hard limit in seconds (default 300)")
+    parser.add_argument("--timeout", default="300", help="hard limit in seconds (default 300)")
     args = parser.parse_args(argv)
-    try:
-        layout = parse_grid_arguments(args.shape, args.dims)  # validates before any process starts
+    try:  # every argument before any process starts
+        layout = parse_grid_arguments(args.shape, args.dims)
+        timeout_s = check_timeout(parse_seconds(args.timeout, "--timeout"), "--timeout")
+        if "RANK" not in os.environ and layout.size > MAX_SPAWN:
+            raise InvalidArgumentError(
+                f"--shape {shown(args.shape)} needs {layout.size:,} local processes; the demo starts at most "
+                f"{MAX_SPAWN} (run it under torchrun for more)"
+            )
     except HyperGridError as error:
         parser.error(str(error))
     shape, dim_names = list(layout.shape), list(layout.dim_names)
     if "RANK" in os.environ:
-        init_from_env(timeout_s=args.timeout)
+        init_from_env(timeout_s=timeout_s)
         try:
             raw = run_families(shape, dim_names)
             if dist.get_rank() != 0:
@@ -146,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             dist.destroy_process_group()
     else:
-        raw = spawn(run_families, math.prod(shape), (shape, dim_names), timeout_s=args.timeout)[0]
+        raw = spawn(run_families, math.prod(shape), (shape, dim_names), timeout_s=timeout_s)[0]
     rows = [FamilyReport(**row) for row in raw]  # type: ignore[arg-type]
     print(format_table(shape, dim_names, rows))
     return 0 if all(row.ok for row in rows) else 1

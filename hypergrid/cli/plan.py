@@ -23,6 +23,7 @@ from typing import Any
 from hypergrid.cli.arguments import OneLineParser, check_output, parse_int, require_module, write_text, writing
 from hypergrid.errors import HyperGridError, InvalidArgumentError
 from hypergrid.topology import PRESETS, Plan, Tier, Topology, Traffic, llm_step_traffic, plan
+from hypergrid.values import first_line, shown
 
 __all__ = ["parse_bytes", "parse_sizes", "parse_traffic", "parse_model", "load_topology", "render_plans", "main"]
 
@@ -39,7 +40,7 @@ def parse_bytes(text: str) -> float:
     """
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]?)B?\s*", text.upper())
     if not match:
-        raise InvalidArgumentError(f"expected a size such as 64M, 1G or 1e9, got {text!r}")
+        raise InvalidArgumentError(f"expected a size such as 64M, 1G or 1e9, got {shown(text)}")
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
@@ -48,9 +49,9 @@ def _pairs(text: str, what: str) -> dict[str, str]:
     for item in text.split(","):
         name, sep, value = item.partition("=")
         if not sep or not name.strip() or not value.strip():
-            raise InvalidArgumentError(f"{what} must be name=value pairs separated by ',', got {text!r}")
+            raise InvalidArgumentError(f"{what} must be name=value pairs separated by ',', got {shown(text)}")
         if name.strip() in pairs:
-            raise InvalidArgumentError(f"{what} names {name.strip()!r} twice in {text!r}")
+            raise InvalidArgumentError(f"{what} names {name.strip()!r} twice in {shown(text)}")
         pairs[name.strip()] = value.strip()
     return pairs
 
@@ -62,7 +63,9 @@ def parse_sizes(text: str) -> dict[str, int]:
         >>> parse_sizes("tp=8,dp=16")
         {'tp': 8, 'dp': 16}
     """
-    return {name: parse_int(value, f"--sizes: size of {name!r}", 1) for name, value in _pairs(text, "--sizes").items()}
+    return {
+        name: parse_int(value, f"--sizes: size of {shown(name)}", 1) for name, value in _pairs(text, "--sizes").items()
+    }
 
 
 def parse_traffic(text: str) -> list[Traffic]:
@@ -76,8 +79,8 @@ def parse_traffic(text: str) -> list[Traffic]:
     for item in text.split(","):
         fields = item.strip().split(":")
         if len(fields) not in (3, 4) or not fields[0]:
-            raise InvalidArgumentError(f"--traffic entries are dims:op:bytes[:calls], got {item!r}")
-        calls = parse_int(fields[3], f"--traffic: calls in {item!r}") if len(fields) == 4 else 1
+            raise InvalidArgumentError(f"--traffic entries are dims:op:bytes[:calls], got {shown(item)}")
+        calls = parse_int(fields[3], f"--traffic: calls in {shown(item)}") if len(fields) == 4 else 1
         entries.append(Traffic(fields[0], fields[1], parse_bytes(fields[2]), calls))
     return entries
 
@@ -92,14 +95,14 @@ def parse_model(text: str, sizes: dict[str, int]) -> list[Traffic]:
     figures: dict[str, Any] = {}
     for name, value in _pairs(text, "--model").items():
         if name not in (*_MODEL_INTS, "params"):
-            raise InvalidArgumentError(f"--model: unknown figure {name!r}; expected {[*_MODEL_INTS, 'params']}")
+            raise InvalidArgumentError(f"--model: unknown figure {shown(name)}; expected {[*_MODEL_INTS, 'params']}")
         if name != "params":
             figures[name] = parse_int(value, f"--model: {name}")
             continue
         try:
             figures[name] = float(value)
         except ValueError:
-            raise InvalidArgumentError(f"--model: {name} must be a number, got {value!r}") from None
+            raise InvalidArgumentError(f"--model: {name} must be a number, got {shown(value)}") from None
     missing = [n for n in ("hidden", "layers", "seq_len", "micro_batch", "params") if n not in figures]
     if missing:
         raise InvalidArgumentError(f"--model needs {missing}")
@@ -118,27 +121,46 @@ def load_topology(text: str) -> Topology:
     try:
         data = json.loads(pathlib.Path(text).read_text())
         return Topology([Tier(**tier) for tier in data["tiers"]])
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
         if isinstance(error, HyperGridError):
             raise
-        raise InvalidArgumentError(f"--topology {text!r}: not a readable topology JSON ({error})") from None
+        said = first_line(error)
+        raise InvalidArgumentError(f"--topology {shown(text)}: not a readable topology JSON ({said})") from None
 
 
 def render_plans(plans: Sequence[Plan], topology: Topology, sizes: dict[str, int]) -> str:
-    """The table: one line per plan, best first, with each family's seconds."""
+    """The table: one line per plan, best first: seconds per step in all, and each family's share (seconds).
+
+    Plans that cost the same are named below the table: each family's groups
+    sit on the same tiers in their orders, so the model cannot tell them apart
+    (typically a dim with no traffic, which may go anywhere among the others).
+    """
     keys = list(dict.fromkeys(key for p in plans for key in p.families))
     tiers = "; ".join(
         f"{t.name}: {'x' + str(t.size) if t.size else 'outer'}, {t.bandwidth / 1e9:g} GB/s, {t.latency * 1e6:g} us"
         for t in topology.tiers
     )
     width = max([len("order (innermost first)"), *(len(",".join(p.order)) for p in plans)])
+    columns = [f"{k} (s)" for k in keys]
     lines = [
-        f"sizes {sizes} on tiers [{tiers}]: {len(plans)} plans, best first",
-        f"{'#':>3}  {'order (innermost first)':<{width}}  {'seconds':>10}  " + "  ".join(f"{k:>10}" for k in keys),
+        f"sizes {sizes} on tiers [{tiers}]: {len(plans)} plans, best first; seconds of communication per step",
+        f"{'#':>3}  {'order (innermost first)':<{width}}  {'seconds':>10}  "
+        + "  ".join(f"{c:>{max(10, len(c))}}" for c in columns),
     ]
     for index, p in enumerate(plans, 1):
-        cells = "  ".join(f"{p.families.get(k, 0.0):>10.4g}" for k in keys)
+        cells = "  ".join(f"{p.families.get(k, 0.0):>{max(10, len(c))}.4g}" for k, c in zip(keys, columns))
         lines.append(f"{index:>3}  {','.join(p.order):<{width}}  {p.seconds:>10.4g}  {cells}")
+    idle = [dim for dim in sizes if not any(dim in key.split("-") for key in keys)]
+    ties: dict[float, list[int]] = {}
+    for index, p in enumerate(plans, 1):
+        ties.setdefault(p.seconds, []).append(index)
+    for seconds, numbers in ties.items():
+        if len(numbers) > 1:
+            why = f" ({', '.join(idle)} carr{'y' if len(idle) > 1 else 'ies'} no traffic)" if idle else ""
+            lines.append(
+                f"plans {', '.join(map(str, numbers))} tie at {seconds:.4g} s: every family's groups sit on the "
+                f"same tiers in these orders{why}; any of them is as good"
+            )
     return "\n".join(lines)
 
 
@@ -185,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         sizes = parse_sizes(args.sizes)
         topology = load_topology(args.topology)
-        traffic = parse_traffic(args.traffic) if args.traffic else parse_model(args.model, sizes)
+        traffic = parse_traffic(args.traffic) if args.traffic is not None else parse_model(args.model, sizes)
         top = None if args.top is None else parse_int(args.top, "--top", 1)
         if args.json is not None and str(args.json) != "-":
             check_output(args.json, "--json")

@@ -11,6 +11,7 @@ import numpy as np
 
 from hypergrid.cluster.spans import family_spans
 from hypergrid.errors import InvalidArgumentError
+from hypergrid.values import shown
 
 __all__ = ["MIN_LATENCY", "calibrate"]
 
@@ -36,12 +37,14 @@ def _load(results: Any) -> list[dict[str, Any]]:
         with open(results) as handle:
             results = json.load(handle)
     if not isinstance(results, list):
-        raise InvalidArgumentError(f"results must be the list of rows benchmarks/allreduce.py writes, got {results!r}")
+        raise InvalidArgumentError(
+            f"results must be the list of rows benchmarks/allreduce.py writes, got {shown(results)}"
+        )
     rows = []
     for row in results:
         missing = [f for f in _FIELDS if not isinstance(row, Mapping) or f not in row]
         if missing:
-            raise InvalidArgumentError(f"benchmark row {row!r} lacks field(s) {missing}")
+            raise InvalidArgumentError(f"benchmark row {shown(row)} lacks field(s) {missing}")
         if row.get("impl", "hypergrid") == "hypergrid" and row["algbw_gbps"] > 0 and row["group_size"] > 1:
             rows.append(dict(row))
     return rows
@@ -101,6 +104,8 @@ def calibrate(base: _Tiered, results: Any, sizes: Mapping[str, int]) -> Any:
         (latency, inverse), *_ = np.linalg.lstsq(design, times, rcond=None)
         name = base.tiers[k].name
         if inverse <= 0:
-            raise InvalidArgumentError(f"tier {name!r}: the rows give a non-positive bandwidth (1/B = {inverse!r})")
+            raise InvalidArgumentError(
+                f"tier {shown(name)}: the rows give a non-positive bandwidth (1/B = {shown(inverse)})"
+            )
         updates[name] = {"bandwidth": float(1 / inverse), "latency": float(max(latency, MIN_LATENCY))}
     return base.replace(**updates)

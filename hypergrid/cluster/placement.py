@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from hypergrid.cluster.tiers import Topology
 from hypergrid.errors import InvalidArgumentError
+from hypergrid.values import shown
 
 __all__ = ["FamilyPlacement", "PlacementReport", "build_report"]
 
@@ -139,7 +140,7 @@ class PlacementReport:
         if self.topology is not None:
             head += f"; topology tiers {', '.join(map(repr, self.topology))}"
         lines = [head]
-        lines += [f"  host {name!r}: {_ranks_text(ranks)}" for name, ranks in self.hosts[:8]]
+        lines += [f"  host {shown(name)}: {_ranks_text(ranks)}" for name, ranks in self.hosts[:8]]
         if len(self.hosts) > 8:
             lines.append(f"  ... and {len(self.hosts) - 8} more host{'s' if len(self.hosts) > 9 else ''}")
         lines += [f"  {family.line}" for family in self.families]
@@ -176,7 +177,7 @@ def _check_blocks(host_ids: np.ndarray, names: list[str], local: Sequence[int | 
     shared = np.flatnonzero(nodes > 1)
     if shared.size:
         items = [
-            f"host {names[h]!r} holds {_ranks_text(ranks[host_ids == h])} ({nodes[h]} assumed nodes)"
+            f"host {shown(names[h])} holds {_ranks_text(ranks[host_ids == h])} ({nodes[h]} assumed nodes)"
             for h in shared[:_SHOWN]
         ]
         problems.append(f"assumed {per_node} ranks per node, but {_some(items, shared.size, 'host')}")
@@ -193,37 +194,39 @@ def _validate(
 ) -> tuple[int | None, list[tuple[str, np.ndarray]]]:
     """The node size as an int (or None) and each family's groups as an int64 array; raise on bad input."""
     if isinstance(hosts, str) or not isinstance(hosts, Sequence) or not hosts:
-        raise InvalidArgumentError(f"hosts must be a non-empty list of hostnames, one per rank, got {hosts!r}")
+        raise InvalidArgumentError(f"hosts must be a non-empty list of hostnames, one per rank, got {shown(hosts)}")
     if isinstance(local_ranks, str) or not isinstance(local_ranks, Sequence) or len(local_ranks) != len(hosts):
         raise InvalidArgumentError(
-            f"local_ranks must hold one LOCAL_RANK (or None) per host ({len(hosts)}), got {local_ranks!r}"
+            f"local_ranks must hold one LOCAL_RANK (or None) per host ({len(hosts)}), got {shown(local_ranks)}"
         )
     for rank, (host, local) in enumerate(zip(hosts, local_ranks)):
         if not isinstance(host, str):
-            raise InvalidArgumentError(f"hosts[{rank}] must be a str (a hostname), got {host!r}")
+            raise InvalidArgumentError(f"hosts[{rank}] must be a str (a hostname), got {shown(host)}")
         if local is not None and _as_int(local) is None:
-            raise InvalidArgumentError(f"local_ranks[{rank}] must be an int or None, got {local!r}")
+            raise InvalidArgumentError(f"local_ranks[{rank}] must be an int or None, got {shown(local)}")
     per_node = _as_int(ranks_per_node)
     if ranks_per_node is not None and (per_node is None or per_node < 1):
-        raise InvalidArgumentError(f"ranks_per_node must be a positive int or None, got {ranks_per_node!r}")
+        raise InvalidArgumentError(f"ranks_per_node must be a positive int or None, got {shown(ranks_per_node)}")
     if topology is not None and not isinstance(topology, Topology):
-        raise InvalidArgumentError(f"topology must be a Topology or None, got {topology!r}")
+        raise InvalidArgumentError(f"topology must be a Topology or None, got {shown(topology)}")
     if isinstance(families, str) or not isinstance(families, Sequence):
-        raise InvalidArgumentError(f"families must be a list of (key, groups), got {families!r}")
+        raise InvalidArgumentError(f"families must be a list of (key, groups), got {shown(families)}")
     arrays = []
     for family in families:
         key, groups = family if isinstance(family, tuple) and len(family) == 2 else (None, None)
         if not isinstance(key, str):
-            raise InvalidArgumentError(f"each family must be a (str key, groups) pair, got {family!r}")
+            raise InvalidArgumentError(f"each family must be a (str key, groups) pair, got {shown(family)}")
         try:
             array = np.asarray(groups) if isinstance(groups, (np.ndarray, list, tuple)) else np.empty(0)
         except ValueError:  # ragged lists
             array = np.empty(0)
         if array.ndim != 2 or array.size == 0 or array.dtype.kind not in "iu":
-            raise InvalidArgumentError(f"family {key!r}: groups must be a non-empty 2-D int array, got {groups!r}")
+            raise InvalidArgumentError(
+                f"family {shown(key)}: groups must be a non-empty 2-D int array, got {shown(groups)}"
+            )
         bad = array[(array < 0) | (array >= len(hosts))]
         if bad.size:
-            raise InvalidArgumentError(f"family {key!r}: rank {bad[0]} is outside the world of {len(hosts)} ranks")
+            raise InvalidArgumentError(f"family {shown(key)}: rank {bad[0]} is outside the world of {len(hosts)} ranks")
         arrays.append((key, array.astype(np.int64)))
     return per_node, arrays
 
@@ -243,7 +246,7 @@ def _line(key: str, size: int, spread: np.ndarray, tier: str | None) -> str:
     else:
         low, high = int(crossing.min()), int(crossing.max())
         text += f"{lead}across {low} hosts" if low == high else f"{lead}across {low} to {high} hosts"
-    return text + (f"; priced on tier {tier!r}" if tier is not None else "")
+    return text + (f"; priced on tier {shown(tier)}" if tier is not None else "")
 
 
 def build_report(
@@ -318,19 +321,19 @@ def build_report(
                 spanning[at] = (topology.names[at], unit)
             elif crossing:
                 warnings.append(
-                    f"{key}: priced on tier {tier!r} (units of {unit} ranks, inside one host) but {of_groups}"
+                    f"{key}: priced on tier {shown(tier)} (units of {unit} ranks, inside one host) but {of_groups}"
                 )
         elif topology is None and per_node is not None and crossing:
             block = min(per_node, world)
             if (groups // block == groups[:, :1] // block).all():
                 warnings.append(f"{key}: every group fits one assumed node of {per_node} ranks, but {of_groups}")
     for at, (name, unit) in spanning.items():
-        notes.append(f"tier {name!r} units of {unit} ranks span hosts: cannot be verified from hostnames")
+        notes.append(f"tier {shown(name)} units of {unit} ranks span hosts: cannot be verified from hostnames")
         straddling = np.flatnonzero(_distinct(host_ids, np.arange(world) // units[at]) > 1)
         if straddling.size:
-            items = [f"host {names[h]!r} holds {_ranks_text(members[h])}" for h in straddling[:_SHOWN]]
+            items = [f"host {shown(names[h])} holds {_ranks_text(members[h])}" for h in straddling[:_SHOWN]]
             text = _some(items, straddling.size, "host")
-            warnings.append(f"hosts straddle two units of tier {name!r} ({unit} ranks each): {text}")
+            warnings.append(f"hosts straddle two units of tier {shown(name)} ({unit} ranks each): {text}")
     return PlacementReport(
         hosts=tuple((name, tuple(int(r) for r in ranks)) for name, ranks in zip(names, members)),
         ranks_per_node=per_node,

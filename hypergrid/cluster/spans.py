@@ -16,8 +16,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from hypergrid.errors import InvalidArgumentError
-from hypergrid.layout import Dims, GridLayout
+from hypergrid.errors import InvalidArgumentError, public
+from hypergrid.layout import MAX_WORLD_SIZE, Dims, GridLayout
+from hypergrid.validation import check_ints
 
 __all__ = ["MAX_ENUMERATED_RANKS", "Span", "family_spans", "span_at"]
 
@@ -121,6 +122,7 @@ def span_at(shape: tuple[int, ...], chosen: tuple[int, ...], unit_ranks: tuple[i
     return Span(n, tuple(per_unit), tuple(units), tuple(spanned))
 
 
+@public
 def family_spans(sizes: Sequence[int], dim_names: Sequence[str], dims: Dims, unit_ranks: Sequence[int]) -> Span:
     """Which tiers the family over ``dims`` spans in the grid ``sizes``/``dim_names`` (innermost first).
 
@@ -146,4 +148,5 @@ def family_spans(sizes: Sequence[int], dim_names: Sequence[str], dims: Dims, uni
         ((False, True), (4, 1), (1, 4))
     """
     layout = GridLayout(sizes, dim_names)
-    return span_at(layout.shape, layout.dim_indices(dims), tuple(int(r) for r in unit_ranks))
+    units = check_ints("family_spans", "unit_ranks", unit_ranks, 1, MAX_WORLD_SIZE, limit=64, ordered=True)
+    return span_at(layout.shape, layout.dim_indices(dims), tuple(units))

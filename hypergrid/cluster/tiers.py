@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hypergrid.errors import InvalidArgumentError
+from hypergrid.errors import InvalidArgumentError, public_methods
 from hypergrid.layout import MAX_WORLD_SIZE
 from hypergrid.values import as_number, is_int, shown
 
@@ -24,6 +24,7 @@ def _positive_number(value: object, what: str) -> float:
     return number
 
 
+@public_methods
 @dataclass(frozen=True)
 class Tier:
     """One level of the interconnect: units of the tier below, joined by links of one speed.
@@ -53,15 +54,15 @@ class Tier:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise InvalidArgumentError(f"a tier's name must be a non-empty str, got {self.name!r}")
+            raise InvalidArgumentError(f"a tier's name must be a non-empty str, got {shown(self.name)}")
         if self.size is not None and (not is_int(self.size) or not 1 <= self.size <= MAX_WORLD_SIZE):
             raise InvalidArgumentError(
-                f"tier {self.name!r}: size must be an int from 1 to 2**31-1 (the largest world), or None for the "
+                f"tier {shown(self.name)}: size must be an int from 1 to 2**31-1 (the largest world), or None for the "
                 f"outermost tier; got {shown(self.size)}"
             )
         object.__setattr__(self, "size", None if self.size is None else int(self.size))
-        object.__setattr__(self, "bandwidth", _positive_number(self.bandwidth, f"tier {self.name!r}: bandwidth"))
-        object.__setattr__(self, "latency", _positive_number(self.latency, f"tier {self.name!r}: latency"))
+        object.__setattr__(self, "bandwidth", _positive_number(self.bandwidth, f"tier {shown(self.name)}: bandwidth"))
+        object.__setattr__(self, "latency", _positive_number(self.latency, f"tier {shown(self.name)}: latency"))
 
 
 #: Named clusters: tiers innermost first (figures and sources in docs/planner.md).
@@ -75,6 +76,7 @@ PRESETS: dict[str, tuple[Tier, ...]] = {
 }
 
 
+@public_methods
 @dataclass(frozen=True, init=False)
 class Topology:
     """The tiers of a cluster, innermost first; the outermost has ``size=None``.
@@ -97,19 +99,20 @@ class Topology:
 
     def __init__(self, tiers: Sequence[Tier]) -> None:
         if isinstance(tiers, (str, bytes)) or not isinstance(tiers, Sequence) or not tiers:
-            raise InvalidArgumentError(f"tiers must be a non-empty list of Tier, innermost first, got {tiers!r}")
+            raise InvalidArgumentError(f"tiers must be a non-empty list of Tier, innermost first, got {shown(tiers)}")
         for tier in tiers:
             if not isinstance(tier, Tier):
-                raise InvalidArgumentError(f"tiers must hold Tier objects, got {tier!r}")
+                raise InvalidArgumentError(f"tiers must hold Tier objects, got {shown(tier)}")
         *inner, outer = tiers
         for tier in inner:
             if tier.size is None:
                 raise InvalidArgumentError(
-                    f"tier {tier.name!r} has size None but is not the outermost tier; only the last tier is unbounded"
+                    f"tier {shown(tier.name)} has size None but is not the outermost tier; only the last tier "
+                    f"is unbounded"
                 )
         if outer.size is not None:
             raise InvalidArgumentError(
-                f"the outermost tier {outer.name!r} must have size None (unbounded), got size {outer.size!r}"
+                f"the outermost tier {shown(outer.name)} must have size None (unbounded), got size {shown(outer.size)}"
             )
         names = [tier.name for tier in tiers]
         if len(set(names)) != len(names):
@@ -128,7 +131,7 @@ class Topology:
             (8,)
         """
         if not isinstance(name, str) or name not in PRESETS:
-            raise InvalidArgumentError(f"unknown topology preset {name!r}; known presets are {sorted(PRESETS)}")
+            raise InvalidArgumentError(f"unknown topology preset {shown(name)}; known presets are {sorted(PRESETS)}")
         return cls(PRESETS[name])
 
     @property

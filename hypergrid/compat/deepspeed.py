@@ -4,7 +4,13 @@
 replaces ``from deepspeed.runtime.pipe.topology import ...``. The topologies are
 computed by hypergrid's layout (``get_coord`` and ``filter_match`` no longer scan
 every rank) and ``PipelineParallelGrid`` creates its groups through a
-``HyperCommGrid`` (``grid.grid``).
+``HyperCommGrid`` (``grid.grid``). DeepSpeed's ``PipelineModule`` builds its own
+grid class: ``pipeline_module(...)`` (or a ``with hypergrid_grid():`` block) makes
+it build hypergrid's, which ``deepspeed.initialize`` then uses as the mpu
+(``hypergrid.compat.deepspeed_module``). ``PipelineParallelGrid`` has every public
+method of DeepSpeed 0.19's, including the Megatron names DeepSpeed's checkpoint
+writer calls (``get_pipeline_model_parallel_rank`` / ``_world_size``,
+``get_data_parallel_group_ranks``).
 
 Compatibility beats strictness in this adapter only: where DeepSpeed answers an
 absent axis leniently, so does this module, while hypergrid's native API
@@ -49,6 +55,7 @@ Examples:
 
 from __future__ import annotations
 
+from hypergrid.compat.deepspeed_module import hypergrid_grid, pipeline_module
 from hypergrid.compat.deepspeed_pipe import PipelineParallelGrid
 from hypergrid.compat.deepspeed_topology import (
     PipeDataParallelTopology,
@@ -63,4 +70,6 @@ __all__ = [
     "PipelineParallelGrid",
     "ProcessTopology",
     "_prime_factors",
+    "hypergrid_grid",
+    "pipeline_module",
 ]

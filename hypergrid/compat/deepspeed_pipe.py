@@ -180,6 +180,10 @@ class PipelineParallelGrid:
         """The number of pipeline stages."""
         return self.pipe_parallel_size
 
+    # Megatron's names for the pipeline getters (DeepSpeed's checkpoint writer calls them).
+    get_pipeline_model_parallel_rank = get_pipe_parallel_rank
+    get_pipeline_model_parallel_world_size = get_pipe_parallel_world_size
+
     def get_pipe_parallel_group(self) -> dist.ProcessGroup | None:
         """The caller's group along ``pipe`` (one pipeline)."""
         return self.pp_proc_group
@@ -195,6 +199,10 @@ class PipelineParallelGrid:
     def get_data_parallel_group(self) -> dist.ProcessGroup | None:
         """The caller's group along ``data`` (gradient all-reduce)."""
         return self.dp_proc_group
+
+    def get_data_parallel_group_ranks(self) -> list[int]:
+        """The global ranks of the caller's group along ``data`` (``dp_group``)."""
+        return self.dp_group
 
     def get_model_parallel_rank(self) -> int:
         """The caller's rank in its group over every axis but ``data``."""

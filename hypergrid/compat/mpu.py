@@ -22,10 +22,10 @@ from hypergrid.layout import Dims
 
 __all__ = ["MPU"]
 
-# The role keywords of MPU(...), in the order create=True creates their families.
-_ROLES = ("data", "tensor", "pipe", "model", "context", "expert", "expert_tensor", "expert_data")
+# The role keywords of MPU(...), in the order create=True creates their families (sequence_data: derived).
+_ROLES = ("data", "tensor", "pipe", "model", "context", "expert", "expert_tensor", "expert_data", "sequence")
 # Roles whose dims default to a name when the grid has that dim, and are absent otherwise.
-_OPTIONAL_DEFAULTS = {"context": "cp", "expert": "ep", "expert_tensor": "etp", "expert_data": "edp"}
+_OPTIONAL_DEFAULTS = {"context": "cp", "expert": "ep", "expert_tensor": "etp", "expert_data": "edp", "sequence": "sp"}
 _EXPERT_ROLES = ("expert", "expert_tensor", "expert_data")
 
 
@@ -76,11 +76,17 @@ class MPU:
         tensor: the dims of the tensor-parallel role.
         pipe: the dims of the pipeline role.
         model: the dims of the model-parallel group (default: every dim of
-            ``grid`` but the data and context dims, Megatron's tp-pp group).
+            ``grid`` but the data, context and sequence dims, Megatron's tp-pp group).
         context: the context-parallel dims (default ``"cp"`` if the grid has it).
         expert: the expert-parallel dims (default ``"ep"`` if ``expert_grid`` has it).
         expert_tensor: the expert tensor-parallel dims (default ``"etp"`` if present).
         expert_data: the expert data-parallel dims (default ``"edp"`` if present).
+        sequence: the sequence-parallel dims (DeepSpeed Ulysses; default ``"sp"``
+            if the grid has it). With sequence dims the MPU has DeepSpeed's
+            ``get_sequence_parallel_*`` getters and ``get_sequence_data_parallel_*``
+            (the data and sequence dims together, what ZeRO shards over);
+            without them it has neither, so DeepSpeed's ``hasattr`` probes fall
+            back as they do for any mpu.
         expert_grid: the grid holding the expert dims, usually the expert view
             of ``hypergrid.compat.megatron.moe_grids`` (default: ``grid``).
         create: create the roles' families now (collective, in the order of
@@ -104,6 +110,7 @@ class MPU:
         expert: Dims | None = None,
         expert_tensor: Dims | None = None,
         expert_data: Dims | None = None,
+        sequence: Dims | None = None,
         expert_grid: HyperCommGrid | None = None,
         create: bool = True,
     ) -> None:
@@ -114,6 +121,7 @@ class MPU:
             "expert": expert,
             "expert_tensor": expert_tensor,
             "expert_data": expert_data,
+            "sequence": sequence,
         }
         for role, default in _OPTIONAL_DEFAULTS.items():
             if given[role] is None and default in self._grid_for(role).dim_names:
@@ -125,10 +133,20 @@ class MPU:
         self.expert_dims = self._dims("expert", given["expert"])
         self.expert_tensor_dims = self._dims("expert_tensor", given["expert_tensor"])
         self.expert_data_dims = self._dims("expert_data", given["expert_data"])
-        rest = [name for name in grid.dim_names if name not in self.data_dims + self.context_dims]
+        self.sequence_dims = self._dims("sequence", given["sequence"])
+        self.sequence_data_dims = self._dims("sequence_data", self.data_dims + self.sequence_dims)
+        kept = self.data_dims + self.context_dims + self.sequence_dims
+        rest = [name for name in grid.dim_names if name not in kept]
         self.model_dims = self._dims("model", rest if model is None else model)
+        if self.sequence_dims:  # only then: DeepSpeed probes these with hasattr
+            self.get_sequence_parallel_group = self._sequence_group
+            self.get_sequence_parallel_rank = self._sequence_rank
+            self.get_sequence_parallel_world_size = self._sequence_world_size
+            self.get_sequence_data_parallel_group = self._sequence_data_group
+            self.get_sequence_data_parallel_rank = self._sequence_data_rank
+            self.get_sequence_data_parallel_world_size = self._sequence_data_world_size
         if create:
-            for role in _ROLES:
+            for role in (*_ROLES, "sequence_data"):
                 dims = getattr(self, f"{role}_dims")
                 if dims:
                     self._grid_for(role).pg(list(dims))
@@ -169,6 +187,13 @@ class MPU:
     get_expert_data_parallel_group, get_expert_data_parallel_rank, get_expert_data_parallel_world_size = _role(
         "expert_data"
     )
+    # Bound as get_sequence_parallel_* / get_sequence_data_parallel_* when the MPU has sequence dims.
+    _sequence_group, _sequence_rank, _sequence_world_size = _role("sequence")
+    _sequence_data_group, _sequence_data_rank, _sequence_data_world_size = _role("sequence_data")
+    # DeepSpeed's names for the tensor-slicing getters.
+    get_slice_parallel_group = get_tensor_model_parallel_group
+    get_slice_parallel_rank = get_tensor_model_parallel_rank
+    get_slice_parallel_world_size = get_tensor_model_parallel_world_size
     # Megatron's names for the pipeline getters.
     get_pipeline_model_parallel_group = get_pipe_parallel_group
     get_pipeline_model_parallel_rank = get_pipe_parallel_rank
@@ -176,6 +201,10 @@ class MPU:
 
     def get_tensor_model_parallel_src_rank(self) -> int:
         return self.grid.src_rank(self.tensor_dims)
+
+    def get_data_parallel_group_ranks(self) -> list[int]:
+        """The global ranks of the caller's data-parallel group (DeepSpeed's checkpoint writer asks)."""
+        return self.grid.group_ranks(self.data_dims)
 
     def get_context_parallel_global_ranks(self) -> list[int]:
         """The global ranks of the caller's context-parallel group (``[rank]`` without context dims)."""

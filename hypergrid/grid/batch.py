@@ -8,9 +8,8 @@ options in one request.
 
 from __future__ import annotations
 
-import inspect
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -33,43 +32,19 @@ from hypergrid.errors import (
     InvalidArgumentError,
     UnexpectedArgumentError,
 )
+from hypergrid.grid.settings import describe, init_kwargs, settings
 from hypergrid.grid.views import BASE_VIEW
 from hypergrid.layout import Dims, GridLayout
 from hypergrid.layout.hierarchy import hierarchical_family, node_size, resolve_scope
+from hypergrid.values import shown
 
 if TYPE_CHECKING:
     from hypergrid.grid.views import RankView
 
 __all__ = ["GuardedCreation"]
 
-_TIMES = "\u00d7"  # the multiplication sign (U+00D7) between the dims of a grid's short name
-
 #: One family of a batch: its registry key, the layout that enumerates it, its dims in canonical order.
 Plan = tuple[PgKey, GridLayout, tuple[str, ...]]
-
-
-#: Constructor settings that take no part in the guard's request: they change nothing other ranks see.
-LOCAL_SETTINGS = frozenset({"guard_progress_s"})
-#: Constructor arguments that the grid's description already holds.
-_DESCRIBED = frozenset({"shape", "dim_names", "rank_offset"})
-
-
-_SETTING_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _setting_names(cls: type) -> tuple[str, ...]:
-    """The constructor's parameters that must agree across ranks, in signature order."""
-    if cls not in _SETTING_NAMES:
-        parameters = inspect.signature(cls).parameters
-        _SETTING_NAMES[cls] = tuple(name for name in parameters if name not in _DESCRIBED | LOCAL_SETTINGS)
-    return _SETTING_NAMES[cls]
-
-
-def _setting_text(value: object) -> str:
-    """A setting as text equal on every rank that has it equal (mappings in sorted order)."""
-    if isinstance(value, Mapping):
-        return describe_options(value)
-    return repr(value)
 
 
 class GuardedCreation(GridFacet):
@@ -97,20 +72,21 @@ class GuardedCreation(GridFacet):
 
     def _key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> PgKey:
         """The registry key of a family (or of one half of its hierarchy), with ``tag``; never on a fenced rank."""
-        alarm.check_fence("pg" if tag is None else f"pg(tag={tag!r})")
-        family = self._family(dims, view)[0]
-        return tagged(scoped(family, resolve_scope(within, across)), check_tag(tag))
+        family, checked = self._family(dims, view)[0], check_tag(tag)  # argument errors first
+        alarm.check_fence("pg" if checked is None else f"pg(tag={checked!r})")
+        return tagged(scoped(family, resolve_scope(within, across)), checked)
 
     def _node_size_of(self, key: PgKey | None, given: object, half: object) -> int | None:
         """The node size the half ``key`` was cut with; refuses a ``given`` one that differs or has no ``half``."""
         if given is not None and half is None:
             raise UnexpectedArgumentError(
-                f"ranks_per_node={given!r} without within= or across=; it sets the node size of a hierarchy's half only"
+                f"ranks_per_node={shown(given)} without within= or across=; it sets the node size of a hierarchy's "
+                "half only"
             )
         stored: int | None = self._root._families.get(key, (None, None, None))[2]
         if given is not None and stored is not None and node_size(given) != stored:  # type: ignore[arg-type]
             raise InvalidArgumentError(
-                f"{key!r} was created with ranks_per_node={stored}, not {given!r}: a half is cut once; destroy() "
+                f"{key!r} was created with ranks_per_node={stored}, not {shown(given)}: a half is cut once; destroy() "
                 "the grid's groups to cut it again"
             )
         return stored
@@ -120,7 +96,7 @@ class GuardedCreation(GridFacet):
         if isinstance(dims_list, (str, bytes)) or not isinstance(dims_list, (list, tuple)):
             raise DimsError(
                 f"create_pgs takes a list of dims (each a dim name, a key like 'dp-tp' or a list of names), "
-                f"got {dims_list!r}"
+                f"got {shown(dims_list)}"
             )
         if not dims_list:
             raise DimsError("create_pgs needs at least one family, got an empty list")
@@ -130,7 +106,7 @@ class GuardedCreation(GridFacet):
             key, _, spec = self._family(dims, view)
             if key in seen:
                 raise DimsError(
-                    f"create_pgs got {seen[key]!r} and {dims!r}, which name the same family {key!r}; "
+                    f"create_pgs got {shown(seen[key])} and {shown(dims)}, which name the same family {key!r}; "
                     "list each family once"
                 )
             seen[key] = dims
@@ -139,15 +115,8 @@ class GuardedCreation(GridFacet):
         return [seen[key] for key in sorted(seen, key=lambda key: order[key])]
 
     def _describe(self) -> str:
-        """The grid in a few characters: ``tp2``, ``dp4`` joined by U+00D7 (``name=size`` after a final digit)."""
-        sizes = (
-            f"{name}={size}" if name[-1].isdigit() else f"{name}{size}"
-            for name, size in zip(self.dim_names, self.shape)
-        )
-        text = _TIMES.join(sizes)
-        if self.rank_offset:
-            text += f" from rank {self.rank_offset}"
-        return text if self.backend is None else f"{text} ({self.backend})"
+        """The grid in a few characters (`hypergrid.grid.settings.describe`)."""
+        return describe(self.dim_names, self.shape, self.rank_offset, self.backend)
 
     def _init_kwargs(self) -> dict[str, Any]:
         """Every constructor argument but the shape, names and offset, as the root grid holds it.
@@ -156,17 +125,11 @@ class GuardedCreation(GridFacet):
         from another (a view, a successor after ``shrink``) keeps every setting,
         including one added later.
         """
-        names = inspect.signature(type(self._root)).parameters
-        return {name: getattr(self._root, name) for name in names if name not in _DESCRIBED}
+        return init_kwargs(self._root)
 
     def _settings(self) -> tuple[tuple[str, str], ...]:
-        """Every constructor setting of the grid, as (name, text): derived from the signature, so none is forgotten.
-
-        The grid's description holds shape, names and offset; settings that
-        change nothing the other ranks see (`LOCAL_SETTINGS`) take no part.
-        """
-        names = _setting_names(type(self._root))
-        return tuple((name, _setting_text(getattr(self._root, name))) for name in names)
+        """Every constructor setting of the grid, as (name, text): derived from the signature, so none is forgotten."""
+        return settings(self._root)
 
     def _guard_round(
         self,
@@ -331,7 +294,7 @@ class GuardedCreation(GridFacet):
             if key in self._pgs:
                 what = "" if tag is None else f" with tag {tag!r}"
                 raise GroupExistsError(
-                    f"Process group {dims!r}{for_view(key)}{what} has already been created on this grid "
+                    f"Process group {shown(dims)}{for_view(key)}{what} has already been created on this grid "
                     f"(key {key!r}); use get_pg to fetch it, or destroy() the grid's groups first"
                 )
             plans.append((key, layout, ordered))

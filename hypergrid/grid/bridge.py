@@ -23,14 +23,15 @@ from hypergrid.errors import InvalidArgumentError, RankError
 from hypergrid.grid.grid import HyperCommGrid
 from hypergrid.layout.bridge_plan import Piece, Roles, boundary_ranks, held_slice, plan_transfer
 from hypergrid.ops.pipeline import run_p2p
-from hypergrid.ops.transfer import Meta, Slicer, check_headers, exchange_headers, pieces_ops, place
-from hypergrid.values import is_int
+from hypergrid.ops.transfer import HEADER_DIMS, Meta, Slicer, check_headers, exchange_headers, pieces_ops, place
+from hypergrid.validation import check_bool, check_int, check_str, public_methods, refuse
 
 __all__ = ["Bridge"]
 
 FORWARD, BACKWARD = "forward", "backward"
 
 
+@public_methods
 class Bridge:
     """Sends activations from ``src``'s last pipeline stage to ``dst``'s first, and gradients back.
 
@@ -102,18 +103,20 @@ class Bridge:
     ) -> None:
         for name, grid in (("src", src), ("dst", dst)):
             if not isinstance(grid, HyperCommGrid):
-                raise InvalidArgumentError(f"Bridge: {name} must be a HyperCommGrid, got {grid!r}")
-        if not is_int(batch_dim) or batch_dim < 0:
-            raise InvalidArgumentError(f"Bridge: batch_dim must be an int >= 0, got {batch_dim!r}")
-        if seq_dim is not None and (not is_int(seq_dim) or seq_dim < 0 or seq_dim == batch_dim):
-            raise InvalidArgumentError(
-                f"Bridge: seq_dim must be None or an int >= 0 other than batch_dim={batch_dim}, got {seq_dim!r}"
-            )
-        if not isinstance(variable_shapes, bool):
-            raise InvalidArgumentError(f"Bridge: variable_shapes must be True or False, got {variable_shapes!r}")
+                raise refuse("Bridge", name, grid, "a HyperCommGrid")
+        batch_dim = check_int("Bridge", "batch_dim", batch_dim, 0, HEADER_DIMS - 1)
+        if seq_dim is not None:
+            seq_dim = check_int("Bridge", "seq_dim", seq_dim, 0, HEADER_DIMS - 1)
+            if seq_dim == batch_dim:
+                raise refuse("Bridge", "seq_dim", seq_dim, f"None or a tensor dim other than batch_dim={batch_dim}")
+        variable_shapes = check_bool("Bridge", "variable_shapes", variable_shapes)
         for role, name in (("dp", dp), ("cp", cp), ("pp", pp)):
-            if not isinstance(name, str) or not name:
-                raise InvalidArgumentError(f"Bridge: {role} must be a dim name, got {name!r}")
+            check_str("Bridge", role, name, r"[A-Za-z_][A-Za-z0-9_]*", "a dim name (an identifier)")
+        if device is not None:
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError, ValueError):
+                raise refuse("Bridge", "device", device, "None, a torch.device or a device name") from None
         if dist.is_initialized():
             world = dist.get_world_size()
             for name, grid in (("src", src), ("dst", dst)):
@@ -123,9 +126,9 @@ class Bridge:
                         f"but this world has {world} ranks: both grids must be grids of this world"
                     )
         self.src, self.dst = src, dst
-        self.batch_dim, self.seq_dim, self.variable_shapes = int(batch_dim), seq_dim, variable_shapes
+        self.batch_dim, self.seq_dim, self.variable_shapes = batch_dim, seq_dim, variable_shapes
         self.roles = Roles(dp, cp, pp)
-        self.device = None if device is None else torch.device(device)
+        self.device = device
         self.slicer = Slicer(self.batch_dim, seq_dim)
         # Each direction: who sends, who receives, and the sender's and receiver's (layout, stage).
         self._sides = {
@@ -257,7 +260,7 @@ class Bridge:
     def _global(self, call: str, direction: str, tensor: object) -> Meta:
         """The global tensor a sender's slice belongs to; checks it before any communication."""
         if not isinstance(tensor, torch.Tensor):
-            raise InvalidArgumentError(f"{call}: expected a torch.Tensor, got {type(tensor).__name__}")
+            raise refuse(call, "tensor" if direction == FORWARD else "grad", tensor, "a torch.Tensor")
         needed = max(self.batch_dim, self.seq_dim or 0) + 1
         if tensor.dim() < needed:
             raise InvalidArgumentError(

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.options import describe_options
 from hypergrid.binding.registry import PgKey, guard_key
+from hypergrid.binding.trivial import trivial_group, trivial_kind
 from hypergrid.layout import GridLayout
 from hypergrid.layout.economy import PartitionSignature, partition_signature
 
@@ -68,6 +69,11 @@ class GroupPool:
     def __init__(self) -> None:
         self._entries: dict[Hashable, PoolEntry] = {}
         self._share_key_of: dict[Hashable, Hashable] = {}
+        self._release_listeners: list[Callable[[list[Hashable]], None]] = []
+
+    def on_release(self, listener: Callable[[list[Hashable]], None]) -> None:
+        """Call ``listener(holders)`` on every ``release`` (the grid's DeviceMeshes forget what they held)."""
+        self._release_listeners.append(listener)
 
     def find(self, share_key: Hashable) -> PoolEntry | None:
         """The entry for ``share_key``, if a group was created for it."""
@@ -131,6 +137,9 @@ class GroupPool:
 
         Never returns the default group, ``None`` or a non-member marker.
         """
+        holders = list(holders)
+        for listener in self._release_listeners:
+            listener(holders)
         freed = []
         for holder in holders:
             share_key = self._share_key_of.pop(holder, None)
@@ -158,6 +167,22 @@ def share_key(
     With sharing off, pass a signature unique to the family (its registry key).
     """
     return (signature, backend, options, tag)
+
+
+_CREATE = object()
+
+
+def _without_communicator(sharing: Hashable, backend: str | None, tag: str | None, options: dict[str, Any]) -> Any:
+    """The group of a shared family that needs no new communicator (``hypergrid.binding.trivial``), else _CREATE.
+
+    Only with sharing on (the pool key then holds the family's partition): with
+    it off every family gets groups of its own, as Megatron makes them.
+    """
+    signature = sharing[0] if isinstance(sharing, tuple) else None
+    if not isinstance(signature, PartitionSignature) or not dist.is_initialized():
+        return _CREATE
+    kind = trivial_kind(signature, world=dist.get_world_size(), backend=backend, tag=tag, options=options)
+    return _CREATE if kind is None else trivial_group(kind, signature, options.get("group_desc"))
 
 
 class Communicators(GridFacet):
@@ -200,7 +225,9 @@ class Communicators(GridFacet):
         pool = self._root._pool
         if shared is not None:
             return pool.hold(sharing, key).group
-        group = create()
+        group = _without_communicator(sharing, backend, tag, options)
+        if group is _CREATE:
+            group = create()
         pool.add(sharing, group, key, backend=backend, tag=tag, options=describe_options(options))
         return group
 

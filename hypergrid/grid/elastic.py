@@ -24,12 +24,13 @@ from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import abort_groups
 from hypergrid.binding.reform import current_epoch
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, untagged
-from hypergrid.errors import DimsError, GridSpecError, GridTooLargeError, InvalidArgumentError, RankError
+from hypergrid.errors import GridSpecError, GridTooLargeError, RankError
 from hypergrid.grid.recovery import Family, Recovery, families_digest
 from hypergrid.grid.regrid import Regrid
-from hypergrid.layout import KEY_SEPARATOR
+from hypergrid.layout import KEY_SEPARATOR, MAX_WORLD_SIZE
 from hypergrid.layout.shrink import ShrinkPlan, check_policy
-from hypergrid.values import check_timeout, is_int
+from hypergrid.validation import check_int, check_ints
+from hypergrid.values import check_timeout, shown
 
 __all__ = ["Elastic", "Regrid", "check_spares"]
 
@@ -45,9 +46,7 @@ def check_spares(spares: object, world: int | None, end: int) -> int:
         >>> check_spares(1, 9, 8)
         1
     """
-    if not is_int(spares) or isinstance(spares, bool) or int(spares) < 0:  # type: ignore[call-overload]
-        raise InvalidArgumentError(f"spares must be a non-negative int, got {spares!r}")
-    count: int = int(spares)  # type: ignore[call-overload]
+    count = check_int("HyperCommGrid", "spares", spares, 0, MAX_WORLD_SIZE)
     if world is not None and end + count > world:
         raise GridTooLargeError(
             f"spares={count}: the grid ends at rank {end - 1} and the world has {world} ranks, so only "
@@ -114,18 +113,12 @@ class Elastic(GridFacet):
 
     def _check_shrink(self, dead: Iterable[int] | None, dim: object, policy: object) -> tuple[int, list[int]]:
         self._require_initialized("shrink")
-        if not isinstance(dim, str) or dim not in self.dim_names:
-            raise DimsError(f"shrink: dim={dim!r} is not a dim of the grid; expected one of {self.dim_names}")
+        self.layout._one_dim(dim)
         check_policy(policy)
         world, rank = dist.get_world_size(), dist.get_rank()
-        named = [] if dead is None else list(dead)
-        for gone in named:
-            if not is_int(gone) or isinstance(gone, bool) or not 0 <= gone < world:
-                raise RankError(
-                    f"shrink: dead={named!r} names {gone!r}, which is not a rank of the world 0..{world - 1}"
-                )
+        named = [] if dead is None else check_ints("shrink", "dead", dead, 0, world - 1, limit=world, error=RankError)
         if rank in named:
-            raise RankError(f"shrink: dead={named!r} names the calling rank {rank} itself; a survivor calls shrink")
+            raise RankError(f"shrink: dead={shown(named)} names the calling rank {rank}; a survivor calls shrink")
         if getattr(self._root, "_spares_released", False):  # released spares left: they are gone
             named += range(world - self.spares, world)
         return world, sorted({int(gone) for gone in named})
@@ -292,6 +285,7 @@ class Elastic(GridFacet):
             NotInitializedError: torch.distributed is not initialized.
         """
         self._require_initialized("standby")
+        checked = None if timeout_s is None else check_timeout(timeout_s, "timeout_s")  # before any wait
         ensure_watching()  # a spare answers the world's roll calls too
         grid: Elastic = self
         while True:
@@ -309,8 +303,7 @@ class Elastic(GridFacet):
                     epoch.base_store.delete_key(call_key(epoch.number))
                 return None
             proposal = Proposal.decode(call[len(_SHRINK) :])
-            default = min(grid.guard_timeout_s, SHRINK_TIMEOUT_S)
-            timeout = default if timeout_s is None else check_timeout(timeout_s, "timeout_s")
+            timeout = min(grid.guard_timeout_s, SHRINK_TIMEOUT_S) if checked is None else checked
             regrid = grid._recover(Recovery(grid, epoch, world, timeout), proposal, grid._family_list())
             if regrid.rank is not None and regrid.grid.layout.contains(regrid.rank):
                 return regrid

@@ -19,7 +19,7 @@ from hypergrid.binding.creation import check_strategy
 from hypergrid.binding.options import check_group_options, normalize_backend, refuse_keywords
 from hypergrid.binding.registry import PgKey, for_view, member_or_none
 from hypergrid.binding.worldstate import world_size_hint
-from hypergrid.errors import GridTooLargeError, GroupNotFoundError, InvalidArgumentError
+from hypergrid.errors import GridTooLargeError, GroupNotFoundError
 from hypergrid.grid.batch import GuardedCreation
 from hypergrid.grid.communicators import Communicators, GroupPool
 from hypergrid.grid.elastic import Elastic, check_spares
@@ -32,11 +32,13 @@ from hypergrid.layout import Dims, GridLayout, resolve_shape
 from hypergrid.ops.collectives import Collectives, check_collectives_flag
 from hypergrid.ops.gradients import Gradients
 from hypergrid.ops.pipeline import Pipeline
-from hypergrid.values import check_timeout
+from hypergrid.validation import check_bool, check_timeout, public_methods
+from hypergrid.values import shown
 
 __all__ = ["HyperCommGrid", "world_size_hint"]
 
 
+@public_methods
 class HyperCommGrid(
     GuardedCreation,
     CoordinateGetters,
@@ -133,14 +135,10 @@ class HyperCommGrid(
         self.layout = GridLayout(resolve_shape(shape, world, rank_offset), dim_names, rank_offset)
         self.backend = normalize_backend(backend, "backend")
         self.strategy = check_strategy(strategy)
-        if not isinstance(guard, bool):
-            raise InvalidArgumentError(f"guard must be True or False, got {guard!r}")
-        self.guard = guard
+        self.guard = check_bool("HyperCommGrid", "guard", guard)
         self.guard_timeout_s = check_timeout(guard_timeout_s, "guard_timeout_s")
         self.guard_progress_s = check_timeout(guard_progress_s, "guard_progress_s")
-        if not isinstance(share_groups, bool):
-            raise InvalidArgumentError(f"share_groups must be True or False, got {share_groups!r}")
-        self.share_groups = share_groups
+        self.share_groups = check_bool("HyperCommGrid", "share_groups", share_groups)
         self.group_options = check_group_options(group_options)
         self.check_collectives = check_collectives_flag(check_collectives)
         self._check_fits(world)
@@ -180,7 +178,7 @@ class HyperCommGrid(
     def __repr__(self) -> str:
         return (
             f"HyperCommGrid(shape={self.shape}, dim_names={self.dim_names}, "
-            f"rank_offset={self.rank_offset}, backend={self.backend!r}, groups={self.created_keys})"
+            f"rank_offset={self.rank_offset}, backend={shown(self.backend)}, groups={self.created_keys})"
         )
 
     # -- checks -------------------------------------------------------------
@@ -349,16 +347,18 @@ class HyperCommGrid(
             >>> HyperCommGrid([2, 2], ["tp", "dp"]).get_pg("tp")  # doctest: +ELLIPSIS
             Traceback (most recent call last):
               ...
-            hypergrid.errors.GroupNotFoundError: Process group for 'tp' hasn't been created ...
+            hypergrid.errors.GroupNotFoundError: get_pg: Process group for 'tp' hasn't been created ...
         """
         refuse_keywords("get_pg", kwargs, "creation options (ranks_per_node, timeout, ...) go to pg() or create_pg()")
         key = self._key(dims, view, tag, within, across)
         if key not in self._pgs:
-            what = f"for {key!r}" if isinstance(key, str) else f"{dims!r}{for_view(key)}"
-            given = ", ".join(f"{k}={v!r}" for k, v in {"tag": tag, "within": within, "across": across}.items() if v)
+            what = f"for {shown(key)}" if isinstance(key, str) else f"{shown(dims)}{for_view(key)}"
+            given = ", ".join(
+                f"{k}={shown(v)}" for k, v in {"tag": tag, "within": within, "across": across}.items() if v
+            )
             call = f"create_pg(..., {given})" if given else "create_pg"
             raise GroupNotFoundError(
-                f"Process group {what} hasn't been created (dims {dims!r}, key {key!r}); created so far: "
+                f"Process group {what} hasn't been created (dims {shown(dims)}, key {shown(key)}); created so far: "
                 f"{list(self._pgs)}; call {call} first"
             )
         return member_or_none(self._pgs[key])

@@ -21,7 +21,10 @@ from hypergrid.binding.registry import guard_key
 from hypergrid.cluster.placement import PlacementReport, build_report
 from hypergrid.cluster.tiers import Topology
 from hypergrid.errors import WorldSizeError
+from hypergrid.layout import MAX_WORLD_SIZE
 from hypergrid.layout.hierarchy import node_size as _ranks_per_node
+from hypergrid.validation import check_bool, check_int, refuse
+from hypergrid.values import shown
 
 if TYPE_CHECKING:
     from hypergrid.binding.registry import PgKey
@@ -58,8 +61,10 @@ class NodeAwareness(GridFacet):
             [4, 5, 6, 7]
         """
         per_node = _ranks_per_node(ranks_per_node)
-        first = self._rank(rank) // per_node * per_node
-        return list(range(first, first + per_node))
+        me = self._rank(None if rank is None else check_int("node_ranks", "rank", rank, 0, MAX_WORLD_SIZE - 1))
+        first = me // per_node * per_node
+        # Ranks past the grid (and past this rank) are no one's here: a huge node costs nothing.
+        return list(range(first, min(first + per_node, max(self.rank_offset + self.size, me + 1))))
 
     def check_local_rank(self, ranks_per_node: int | None = None) -> None:
         """Check that ``LOCAL_RANK`` is this process's position on its node (nanotron's assert).
@@ -73,7 +78,7 @@ class NodeAwareness(GridFacet):
         local = os.environ.get("LOCAL_RANK")
         if local is None or local.strip() != str(rank % per_node):
             raise WorldSizeError(
-                f"LOCAL_RANK={local!r} on rank {rank}, but with {per_node} consecutive ranks per node it "
+                f"LOCAL_RANK={shown(local)} on rank {rank}, but with {per_node} consecutive ranks per node it "
                 f"should be {rank % per_node}: the launcher placed ranks differently than the grid assumes"
             )
 
@@ -108,7 +113,7 @@ class NodeAwareness(GridFacet):
             ([0], ['dp-tp|within=node'])
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        if check_local_rank:
+        if check_bool("node_group", "check_local_rank", check_local_rank):
             self.check_local_rank(ranks_per_node)
         return self.pg(self.dim_names, within="node", ranks_per_node=ranks_per_node)
 
@@ -154,6 +159,8 @@ class NodeAwareness(GridFacet):
         self._require_initialized("placement_report")
         if isinstance(topology, str):
             topology = Topology.preset(topology)
+        elif topology is not None and not isinstance(topology, Topology):
+            raise refuse("placement_report", "topology", topology, "None, a Topology or a preset's name")
         per_node = None
         if ranks_per_node is not None or "LOCAL_WORLD_SIZE" in os.environ:
             per_node = _ranks_per_node(ranks_per_node)

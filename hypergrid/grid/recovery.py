@@ -65,8 +65,9 @@ def families_digest(families: Sequence[Family], description: str) -> str:
     """A short digest of the families a grid will re-create (equal on ranks that would create the same).
 
     Examples:
-        >>> families_digest([("dp", {"dims": ["dp"], "view": None, "tag": None, "kwargs": {}})], "dp4")
-        'e8ad6b5ec3d2b2d7'
+        >>> dp = [("dp", {"dims": ["dp"], "view": None, "tag": None, "kwargs": {}})]
+        >>> families_digest(dp, "dp4") == families_digest(list(dp), "dp4") != families_digest(dp, "dp3")
+        True
     """
     text = description + "|" + repr([(str(key), sorted(spec.items(), key=str)) for key, spec in families])
     return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:16]

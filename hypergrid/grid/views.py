@@ -21,9 +21,9 @@ import numpy as np
 from hypergrid.agreement.guard import grid_ordinal
 from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, tagged, untagged
-from hypergrid.errors import DimsError, GridSpecError, ViewNotFoundError
-from hypergrid.layout import KEY_SEPARATOR, Dims, GridLayout
-from hypergrid.values import as_int, is_int
+from hypergrid.errors import DimsError, GridSpecError, InvalidArgumentError, ViewNotFoundError
+from hypergrid.layout import KEY_SEPARATOR, MAX_WORLD_SIZE, Dims, GridLayout
+from hypergrid.values import as_int, is_int, shown
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -58,53 +58,64 @@ def _check_sequences(shape: object, dim_names: object, shared_dims: object) -> N
         if value is None and what == "shared_dims":
             continue
         if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
-            raise GridSpecError(f"a view's {what} must be a list or tuple, got {value!r}")
+            raise GridSpecError(f"a view's {what} must be a list or tuple, got {shown(value)}")
+        if what != "shape" and not all(isinstance(item, str) for item in value):
+            raise GridSpecError(f"a view's {what} must be a list of str (dim names), got {shown(value)}")
+
+
+def _check_name(name: object) -> str:
+    """A view's name: a non-empty, printable (one-line) str of at most 256 characters."""
+    if not isinstance(name, str) or not 0 < len(name) <= 256 or not name.isprintable():
+        raise GridSpecError(
+            f"a view name must be a non-empty, printable str of at most 256 characters, got {shown(name)}"
+        )
+    return name
 
 
 def _check_view_spec(root: Views, name: object, shape: Sequence[int], dim_names: Sequence[str]) -> None:
-    if not isinstance(name, str) or not name:
-        raise GridSpecError(f"a view name must be a non-empty str, got {name!r}")
+    _check_name(name)
     if name in root._views:
-        raise GridSpecError(f"View {name!r} is already registered; registered views: {sorted(root._views)}")
+        raise GridSpecError(f"View {shown(name)} is already registered; registered views: {sorted(root._views)}")
     if len(shape) != len(dim_names):
         raise GridSpecError(
-            f"len(shape) {list(shape)} != len(dim_names) {list(dim_names)} for view {name!r}: give one name per dim"
+            f"len(shape) {shown(list(shape))} != len(dim_names) {shown(list(dim_names))} for view {shown(name)}: "
+            "give one name per dim"
         )
-    if any(not isinstance(dim, str) for dim in dim_names):
-        raise GridSpecError(f"View {name!r} dim_names must be str, got {list(dim_names)!r}")
     if len(set(dim_names)) != len(dim_names):
         repeated = sorted({n for n in dim_names if list(dim_names).count(n) > 1})
-        raise GridSpecError(f"View {name!r} has duplicate dim_names: {list(dim_names)} repeat {repeated}")
+        raise GridSpecError(f"View {shown(name)} has duplicate dim_names: {list(dim_names)} repeat {repeated}")
     if any(not is_int(size) or size < 1 for size in shape):
-        raise GridSpecError(f"View {name!r} shape must be positive ints, got {list(shape)}")
+        raise GridSpecError(f"View {shown(name)} shape must be positive ints, got {shown(list(shape))}")
     size = math.prod(int(s) for s in shape)
     if size != root.size:
         raise GridSpecError(
-            f"View {name!r} shape {list(shape)} has size {size}, but the grid size is {root.size}: "
+            f"View {shown(name)} shape {shown(list(shape))} has size {shown(size)}, but the grid size is {root.size}: "
             f"a view must cover the same {root.size} ranks as the grid {root.shape}"
         )
 
 
 def _check_shared(root: Views, name: str, layout: GridLayout, shared: list[str]) -> None:
     if len(set(shared)) != len(shared):
-        raise GridSpecError(f"View {name!r} has duplicate shared_dims: {shared}")
+        raise GridSpecError(f"View {shown(name)} has duplicate shared_dims: {shared}")
     base = root.layout
     for dim in shared:
         if dim not in base.dim_names:
-            raise GridSpecError(f"Shared dim {dim!r} of view {name!r} is not in the base view {list(base.dim_names)}")
+            raise GridSpecError(
+                f"Shared dim {shown(dim)} of view {shown(name)} is not in the base view {list(base.dim_names)}"
+            )
         if dim not in layout.dim_names:
             raise GridSpecError(
-                f"Shared dim {dim!r} of view {name!r} is not in the view's dim_names {list(layout.dim_names)}"
+                f"Shared dim {shown(dim)} of view {shown(name)} is not in the view's dim_names {list(layout.dim_names)}"
             )
     # Each shared dim alone, then all together: the groups (as sets of ranks) must be the same.
     combos = [[dim] for dim in shared] + ([shared] if len(shared) > 1 else [])
     for combo in combos:
         ours, theirs = sorted(base.rank_enum(combo)), sorted(layout.rank_enum(combo))
         if ours != theirs:
-            what = f"Shared dim {combo[0]!r} has" if len(combo) == 1 else f"Shared dims {combo!r} have"
+            what = f"Shared dim {shown(combo[0])} has" if len(combo) == 1 else f"Shared dims {shown(combo)} have"
             raise GridSpecError(
                 f"{what} different membership across views: base view {root.shape} {root.dim_names} "
-                f"enumerates {base.rank_enum(combo)[:4]}..., view {name!r} {list(layout.shape)} "
+                f"enumerates {base.rank_enum(combo)[:4]}..., view {shown(name)} {list(layout.shape)} "
                 f"{list(layout.dim_names)} enumerates {layout.rank_enum(combo)[:4]}..."
             )
 
@@ -207,6 +218,8 @@ class Views(GridFacet):
         """
         root = self._root
         _check_sequences(shape, dim_names, shared_dims)
+        if name is not None:
+            _check_name(name)
         sizes = self._resolve_view_shape(shape)
         common = [dim for dim in dim_names if dim in root.dim_names]
         shared = common if shared_dims is None else list(shared_dims)
@@ -219,15 +232,20 @@ class Views(GridFacet):
 
     def _resolve_view_shape(self, shape: Sequence[int]) -> list[int]:
         sizes = list(shape)
+        for size in sizes:
+            if as_int(size) != -1 and (not is_int(size) or not 1 <= size <= MAX_WORLD_SIZE):
+                raise GridSpecError(
+                    f"view shape {shown(sizes)}: size {shown(size)} is not an int in 1..{MAX_WORLD_SIZE} or -1"
+                )
         wild = [i for i, size in enumerate(sizes) if as_int(size) == -1]
         if len(wild) > 1:
-            raise GridSpecError(f"view shape {sizes} has {len(wild)} sizes of -1; at most one can be inferred")
+            raise GridSpecError(f"view shape {shown(sizes)} has {len(wild)} sizes of -1; at most one can be inferred")
         if wild:
             known = math.prod(int(s) for i, s in enumerate(sizes) if i != wild[0] and is_int(s) and s > 0)
             if self._root.size % known:
                 raise GridSpecError(
-                    f"cannot infer the -1 in view shape {sizes}: the grid's {self._root.size} ranks are not a "
-                    f"multiple of the other sizes' product {known}"
+                    f"cannot infer the -1 in view shape {shown(sizes)}: the grid's {self._root.size} ranks are not a "
+                    f"multiple of the other sizes' product {shown(known)}"
                 )
             sizes[wild[0]] = self._root.size // known
         return sizes
@@ -242,8 +260,10 @@ class Views(GridFacet):
     def _rank_view(self, view: str | None) -> RankView:
         name = self._view_name if view is None else view
         views = self._root._views
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"view={shown(view)}: expected None or a registered view's name {sorted(views)}")
         if name not in views:
-            raise ViewNotFoundError(f"View {name!r} is not registered. Registered views: {sorted(views)}")
+            raise ViewNotFoundError(f"View {shown(name)} is not registered. Registered views: {sorted(views)}")
         return views[name]
 
     def _family(self, dims: Dims, view: str | None) -> tuple[PgKey, GridLayout, RankView]:
@@ -251,8 +271,8 @@ class Views(GridFacet):
         spec = self._rank_view(view)
         for dim in _names_of(dims):
             if isinstance(dim, str) and dim and dim not in spec.dim_names:
-                where = f"view {spec.name!r} with" if len(self._root._views) > 1 else "the grid's"  # no views made
-                raise DimsError(f"{dim!r} is not in {where} dim_names {spec.dim_names} (in dims {dims!r})")
+                where = f"view {shown(spec.name)} with" if len(self._root._views) > 1 else "the grid's"  # no views made
+                raise DimsError(f"{shown(dim)} is not in {where} dim_names {spec.dim_names} (in dims {shown(dims)})")
         ordered = spec.layout.canonical_dims(dims)
         if spec.name == BASE_VIEW:
             return KEY_SEPARATOR.join(ordered), spec.layout, spec

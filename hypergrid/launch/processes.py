@@ -38,14 +38,19 @@ import torch.multiprocessing as mp
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 from torch.distributed.rendezvous import rendezvous
 
-from hypergrid.errors import BackendError, InvalidArgumentError, WorkerError
-from hypergrid.launch import sockets
+from hypergrid.errors import BackendError, WorkerError, public
+from hypergrid.launch.sockets import opened, snapshot, track
 from hypergrid.launch.stacks import enable_stack_dumps, request_stack_dumps
-from hypergrid.values import check_timeout, is_int
+from hypergrid.validation import check_bool, check_choice, check_int, check_str, refuse
+from hypergrid.values import check_timeout, first_line
 
 __all__ = ["default_device", "init_from_env", "spawn"]
 
 _HOST = "127.0.0.1"
+#: The most workers ``spawn`` starts: local processes on one host (a larger number is refused, not attempted).
+MAX_SPAWN = 1024
+#: A backend argument as torch spells one: a name or ``device:backend`` pairs.
+_BACKEND_TEXT = r"[A-Za-z0-9_]+(:[A-Za-z0-9_]+)?(,[A-Za-z0-9_]+:[A-Za-z0-9_]+)*"
 # After one worker fails, how long to let the others' exit codes land before reporting.
 _SETTLE_SECONDS = 0.5
 # What a worker's message says: it raised, it returned (pickled bytes follow), or its value cannot be pickled.
@@ -72,6 +77,7 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
+@public
 def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch.device:
     """Initialize torch.distributed from ``torchrun``'s environment (``env://``).
 
@@ -94,11 +100,14 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch
         The device that collectives should use.
 
     Raises:
-        BackendError: NCCL asked for without CUDA.
+        BackendError: not a backend's name, or NCCL asked for without CUDA.
+        InvalidArgumentError: a bad ``timeout_s``.
     """
+    if backend is not None:
+        check_str("init_from_env", "backend", backend, _BACKEND_TEXT, "None or a backend such as 'gloo' or 'nccl'")
+    timeout = datetime.timedelta(seconds=check_timeout(timeout_s, "timeout_s"))
     enable_stack_dumps()
     chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    timeout = datetime.timedelta(seconds=timeout_s)
     if chosen == "nccl":
         if not torch.cuda.is_available():
             raise BackendError("backend 'nccl' needs CUDA devices, and torch.cuda.is_available() is False")
@@ -110,9 +119,9 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch
         )
         return device
     store, rank, world_size = _env_store(timeout)
-    before = sockets.snapshot()
+    before = snapshot()
     dist.init_process_group(chosen, store=store, rank=rank, world_size=world_size, timeout=timeout)
-    sockets.track(dist.group.WORLD, sockets.opened(before))  # severed if the world fails (a gloo abort)
+    track(dist.group.WORLD, opened(before))  # severed if the world fails (a gloo abort)
     return torch.device("cpu")
 
 
@@ -152,11 +161,11 @@ def _worker(
         if backend == "nccl":
             device_id = torch.device("cuda", rank % torch.cuda.device_count())
             torch.cuda.set_device(device_id)
-        before = sockets.snapshot()
+        before = snapshot()
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=nprocs, timeout=timeout, device_id=device_id
         )
-        sockets.track(dist.group.WORLD, sockets.opened(before))  # severed if the world fails (a gloo abort)
+        track(dist.group.WORLD, opened(before))  # severed if the world fails (a gloo abort)
         value = fn(*args)
     except BaseException:
         results.put((rank, _FAILED, traceback.format_exc()))
@@ -192,6 +201,7 @@ def _stop(processes: list[Any]) -> None:
             process.join()
 
 
+@public
 def spawn(
     fn: Callable[..., Any],
     nprocs: int,
@@ -235,13 +245,15 @@ def spawn(
         >>> spawn(dist.get_world_size, 2)
         [2, 2]
     """
-    if not is_int(nprocs) or nprocs < 1:
-        raise InvalidArgumentError(f"nprocs must be a positive int, got {nprocs!r}")
-    if backend not in ("gloo", "nccl"):
-        raise BackendError(f"spawn supports backend 'gloo' or 'nccl', got {backend!r}")
+    _check_function(fn)
+    check_int("spawn", "nprocs", nprocs, 1, MAX_SPAWN)
+    if not isinstance(args, (tuple, list)):
+        raise refuse("spawn", "args", args, "a tuple or list of fn's positional arguments")
+    backend = check_choice("spawn", "backend", backend, ["gloo", "nccl"], BackendError)
     if backend == "nccl" and not torch.cuda.is_available():
         raise BackendError("backend 'nccl' needs CUDA devices, and torch.cuda.is_available() is False")
     timeout_s = check_timeout(timeout_s, "timeout_s")
+    allow_deaths = check_bool("spawn", "allow_deaths", allow_deaths)
     store = TCPStore(_HOST, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s))
     context = mp.get_context("spawn")
     results = context.Queue()
@@ -262,6 +274,17 @@ def spawn(
         _stop(processes)
         shutil.rmtree(stack_dir, ignore_errors=True)
     return [values[rank] for rank in range(nprocs)]
+
+
+def _check_function(fn: object) -> None:
+    """``fn`` must be a callable the workers can import: pickled by reference (a module-level function)."""
+    if not callable(fn):
+        raise refuse("spawn", "fn", fn, "a module-level function")
+    try:
+        pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:  # a lambda, a local function, a bound method of an unpicklable object
+        expected = f"a module-level function the workers can import ({first_line(error)})"
+        raise refuse("spawn", "fn", fn, expected) from None
 
 
 def _collect(

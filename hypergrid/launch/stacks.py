@@ -30,7 +30,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO
 
-from hypergrid.errors import InvalidArgumentError
+from hypergrid.errors import InvalidArgumentError, public
+from hypergrid.validation import check_int, check_ints, refuse
+from hypergrid.values import as_int
 
 __all__ = ["STACK_DIR_ENV", "enable_stack_dumps", "read_stack_dumps", "request_stack_dumps"]
 
@@ -74,6 +76,7 @@ def stack_file(directory: str | os.PathLike[str], rank: int) -> pathlib.Path:
     return pathlib.Path(directory) / f"rank{rank}.stack"
 
 
+@public
 def enable_stack_dumps(
     directory: str | os.PathLike[str] | None = None, rank: int | None = None, signum: int | None = None
 ) -> pathlib.Path | None:
@@ -98,17 +101,25 @@ def enable_stack_dumps(
         'rank0.stack'
         >>> _ = disable_stack_dumps()
     """
+    if directory is not None:
+        _check_directory("enable_stack_dumps", directory)
     chosen = directory if directory is not None else os.environ.get(STACK_DIR_ENV)
     if not chosen:
         return None
-    number = int(os.environ.get("RANK", "0")) if rank is None else rank
-    if isinstance(number, bool) or not isinstance(number, int) or number < 0:
-        raise InvalidArgumentError(f"enable_stack_dumps: rank must be an int >= 0, got {rank!r}")
+    if rank is None:
+        number = int(os.environ.get("RANK", "0"))
+    else:
+        number = check_int("enable_stack_dumps", "rank", rank, 0, 2**31 - 2)
     sig = _signal(signum)
     path = stack_file(chosen, number)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a", encoding="utf-8")  # appends: a reader may empty the file between dumps
+    except OSError as error:
+        raise refuse(
+            "enable_stack_dumps", "directory", chosen, f"a directory it can write ({error.strerror})"
+        ) from None
     disable_stack_dumps(sig)
-    handle = path.open("a", encoding="utf-8")  # appends: a reader may empty the file between dumps
     _open_files[sig] = handle
     faulthandler.register(sig, file=handle, all_threads=True, chain=False)
     return path
@@ -130,9 +141,18 @@ def disable_stack_dumps(signum: int | None = None) -> bool:
     return True
 
 
+def _check_directory(call: str, directory: object) -> None:
+    """A directory argument: a non-empty str or path (``os.PathLike``)."""
+    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+        raise refuse(call, "directory", directory, "a directory's path (a non-empty str or pathlib.Path)")
+
+
 def _signal(signum: int | None) -> int:
     if signum is not None:
-        return signum
+        number = as_int(signum)
+        if number is None or number not in signal.valid_signals():
+            raise refuse("enable_stack_dumps", "signum", signum, "a signal number such as signal.SIGUSR1")
+        return number
     if not hasattr(signal, "SIGUSR1"):
         raise InvalidArgumentError("stack dumps need SIGUSR1, which this platform does not have")
     return int(signal.SIGUSR1)
@@ -174,6 +194,7 @@ def _size(path: pathlib.Path) -> int:
         return 0
 
 
+@public
 def read_stack_dumps(directory: str | os.PathLike[str], ranks: Iterable[int] | None = None) -> str:
     """The stacks dumped in ``directory`` as one report, each rank cut to the frames that matter.
 
@@ -194,10 +215,17 @@ def read_stack_dumps(directory: str | os.PathLike[str], ranks: Iterable[int] | N
         rank 1 is at:
           File "train.py", line 7, in step
     """
+    _check_directory("read_stack_dumps", directory)
+    try:
+        found = [path.stem[4:] for path in pathlib.Path(directory).glob("rank*.stack")] if ranks is None else []
+    except OSError as error:
+        raise refuse(
+            "read_stack_dumps", "directory", directory, f"a directory it can read ({error.strerror})"
+        ) from None
     chosen = (
-        sorted(int(path.stem[4:]) for path in pathlib.Path(directory).glob("rank*.stack") if path.stem[4:].isdigit())
+        sorted(int(number) for number in found if number.isdigit())
         if ranks is None
-        else list(ranks)
+        else check_ints("read_stack_dumps", "ranks", ranks, 0, 2**31 - 2, limit=2**20)
     )
     sections = []
     for rank in chosen:

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hypergrid.errors import DimsError, GridSpecError, RankError
-from hypergrid.layout.spec import Dims
-from hypergrid.values import as_int
+from hypergrid.layout.spec import MAX_WORLD_SIZE, Dims
+from hypergrid.validation import check_bool, check_int, check_str
+from hypergrid.values import as_int, shown
 
 __all__ = ["NamedCoordinates", "coord_type"]
 
@@ -92,6 +93,7 @@ class NamedCoordinates:
         def key(self, dims: Dims) -> str: ...
         def group_size(self, dims: Dims) -> int: ...
         def num_groups(self, dims: Dims) -> int: ...
+        def _one_dim(self, dim: object) -> int: ...
 
     def coord_of(self, rank: int) -> Any:
         """Coordinates of ``rank`` as a named tuple with the dim names as fields. O(ndim).
@@ -118,8 +120,8 @@ class NamedCoordinates:
         missing = [name for name in self.dim_names if name not in coords]
         if unknown or missing:
             raise RankError(
-                f"rank_at needs exactly one coordinate per dim of {list(self.dim_names)}; "
-                f"missing {missing}, unknown {unknown} (got {coords})"
+                f"coordinates must name each dim of {list(self.dim_names)} once: missing {missing}, unknown "
+                f"{shown(unknown)} (got {shown(coords)})"
             )
         return self.rank_of([coords[name] for name in self.dim_names])
 
@@ -133,7 +135,7 @@ class NamedCoordinates:
         """
         unknown = sorted(set(coords) - set(self.dim_names))
         if unknown:
-            raise RankError(f"unknown dim(s) {unknown} in {coords}; valid dims are {list(self.dim_names)}")
+            raise RankError(f"unknown dim(s) {shown(unknown)} in {shown(coords)}; valid dims: {list(self.dim_names)}")
         return self.rank_at(**{**self.coord_of(rank)._asdict(), **coords})
 
     def shift(self, dim: str, rank: int, disp: int = 1, periodic: bool = False) -> tuple[int | None, int | None]:
@@ -149,13 +151,11 @@ class NamedCoordinates:
             >>> layout.shift("pp", rank=1), layout.shift("pp", rank=7), layout.shift("pp", rank=7, periodic=True)
             ((None, 3), (5, None), (5, 1))
         """
-        index = self.dim_indices(dim)
-        if len(index) != 1:
-            raise DimsError(f"shift takes one dim, got {dim!r}")
+        i = self._one_dim(dim)
         step = as_int(disp)
         if step is None:
-            raise RankError(f"disp must be an int, got {disp!r}")
-        i = index[0]
+            raise RankError(f"disp={shown(disp)}: expected an int")
+        periodic = check_bool("shift", "periodic", periodic)
         size, stride = self.shape[i], self.strides[i]
         here = self.coords_of(rank)[i]
         ends = []
@@ -182,10 +182,12 @@ class NamedCoordinates:
         elif isinstance(omit, (list, tuple, set, frozenset)):
             omitted = list(omit)
         else:
-            raise DimsError(f"omit must be a list of dim names, got {omit!r}")
+            raise DimsError(f"omit must be a list of dim names, got {shown(omit)}")
         unknown = [name for name in omitted if not isinstance(name, str) or name not in self._index]
         if unknown:
-            raise DimsError(f"omit names unknown dim(s) {unknown}; valid dims are {list(self.dim_names)}")
+            raise DimsError(f"omit names unknown dim(s) {shown(unknown)}; valid dims are {list(self.dim_names)}")
+        check_str("rank_repr", "inner_sep", inner_sep)
+        check_str("rank_repr", "outer_sep", outer_sep)
         coords = self.coords_of(rank)
         parts = [
             f"{name}{inner_sep}{coords[i]:02d}"
@@ -206,10 +208,8 @@ class NamedCoordinates:
             >>> [(r["key"], r["max_nodes"]) for r in GridLayout([4, 2], ["tp", "dp"]).node_report(4)]
             [('tp', 1), ('dp', 2), ('dp-tp', 2)]
         """
-        per_node = as_int(ranks_per_node)
-        if per_node is None or per_node < 1:
-            raise GridSpecError(f"ranks_per_node must be a positive int, got {ranks_per_node!r}")
-        # A node larger than the world holds every rank: the same as one of the world's size, which int64 holds.
+        per_node = check_int("node_report", "ranks_per_node", ranks_per_node, 1, MAX_WORLD_SIZE, GridSpecError)
+        # A node larger than the world holds every rank: the same as one of the world's size.
         per_node = min(per_node, self.rank_offset + self.size)
         report = []
         for family in self.all_families():

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 from hypergrid.errors import GridSpecError
 from hypergrid.layout import Dims, GridLayout
+from hypergrid.values import shown
 
 __all__ = [
     "CommunicatorPlan",
@@ -244,7 +245,7 @@ def plan_communicators(
     for name, view, view_families in views:
         if (view.rank_offset, view.size) != (layout.rank_offset, layout.size):
             raise GridSpecError(
-                f"view {name!r} covers ranks {view.rank_offset}..{view.rank_offset + view.size - 1}, "
+                f"view {shown(name)} covers ranks {view.rank_offset}..{view.rank_offset + view.size - 1}, "
                 f"not the grid's {layout.rank_offset}..{layout.rank_offset + layout.size - 1}"
             )
         requests += [((name, view.canonical_dims(dims)), view, dims) for dims in view_families]

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from einops import rearrange
 
-from hypergrid.errors import DimsError, GridSpecError, RankError
+from hypergrid.errors import DimsError, GridSpecError, RankError, public_methods
 from hypergrid.layout.coordinates import NamedCoordinates, coord_type
 from hypergrid.layout.spec import (
     MAX_WORLD_SIZE,
@@ -65,6 +65,7 @@ def _family_pattern(ndim: int, dims: tuple[int, ...]) -> str:
     return f"{' '.join(array_axes)} -> ({group_axes}) ({member_axes})"
 
 
+@public_methods
 class GridLayout(NamedCoordinates):
     """A validated, immutable description of a named grid of ranks.
 
@@ -118,7 +119,7 @@ class GridLayout(NamedCoordinates):
         set_attr(self, "_coord_type", coord_type(names))
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"GridLayout is immutable; cannot set {name!r}")
+        raise AttributeError(f"GridLayout is immutable; cannot set {shown(name)}")
 
     def __repr__(self) -> str:
         return f"GridLayout(shape={list(self.shape)}, dim_names={list(self.dim_names)}, rank_offset={self.rank_offset})"
@@ -126,11 +127,7 @@ class GridLayout(NamedCoordinates):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, GridLayout):
             return NotImplemented
-        return (self.shape, self.dim_names, self.rank_offset) == (
-            other.shape,
-            other.dim_names,
-            other.rank_offset,
-        )
+        return (self.shape, self.dim_names, self.rank_offset) == (other.shape, other.dim_names, other.rank_offset)
 
     def __hash__(self) -> int:
         return hash((self.shape, self.dim_names, self.rank_offset))
@@ -161,18 +158,20 @@ class GridLayout(NamedCoordinates):
         elif isinstance(dims, (list, tuple)):
             names = list(dims)
         else:
-            raise DimsError(f"dims must be a dim name, a key like 'dp-tp', or a list/tuple of names, got {dims!r}")
+            raise DimsError(f"dims must be a dim name, a key like 'dp-tp', or a list/tuple of names, got {shown(dims)}")
         if not names or names == [""]:
-            raise DimsError(f"dims must name at least one dim of {list(self.dim_names)}, got {dims!r}")
+            raise DimsError(f"dims must name at least one dim of {list(self.dim_names)}, got {shown(dims)}")
         indices = []
         for name in names:
             index = self._index.get(name) if isinstance(name, str) else None
             if index is None:
-                raise DimsError(f"unknown dim {name!r} in dims {dims!r}; valid dims are {list(self.dim_names)}")
+                raise DimsError(
+                    f"unknown dim {shown(name)} in dims {shown(dims)}; valid dims are {list(self.dim_names)}"
+                )
             indices.append(index)
         if len(set(indices)) != len(indices):
             repeated = sorted({n for n in names if names.count(n) > 1})
-            raise DimsError(f"dims {dims!r} repeat {repeated}; name each dim once")
+            raise DimsError(f"dims {shown(dims)} repeat {repeated}; name each dim once")
         return tuple(sorted(indices))
 
     def canonical_dims(self, dims: Dims) -> tuple[str, ...]:
@@ -200,9 +199,14 @@ class GridLayout(NamedCoordinates):
             >>> GridLayout([2, 4], ["tp", "dp"]).dim_size("dp")
             4
         """
-        if not isinstance(dim, str) or dim not in self._index:
-            raise DimsError(f"unknown dim {dim!r}; valid dims are {list(self.dim_names)}")
-        return self.shape[self._index[dim]]
+        return self.shape[self._one_dim(dim)]
+
+    def _one_dim(self, dim: object) -> int:
+        """The position of one dim given by its name; ``DimsError`` for anything else (a list, a key of two dims)."""
+        index = self._index.get(dim) if isinstance(dim, str) else None
+        if index is None:
+            raise DimsError(f"dim={shown(dim)}: expected one dim name of {list(self.dim_names)} (a str such as 'dp')")
+        return index
 
     def group_size(self, dims: Dims) -> int:
         """Number of ranks in each group of the family over ``dims``.
@@ -273,11 +277,11 @@ class GridLayout(NamedCoordinates):
     def _check_rank(self, rank: object) -> int:
         value = as_int(rank)
         if value is None:
-            raise RankError(f"rank must be an int, got {rank!r}")
+            raise RankError(f"rank must be an int, got {shown(rank)}")
         local = value - self.rank_offset
         if not 0 <= local < self.size:
             raise RankError(
-                f"rank {rank!r} is outside the grid: expected {self.rank_offset} <= rank < "
+                f"rank {shown(rank)} is outside the grid: expected {self.rank_offset} <= rank < "
                 f"{self.rank_offset + self.size}"
             )
         return local
@@ -312,16 +316,16 @@ class GridLayout(NamedCoordinates):
             11
         """
         if isinstance(coords, (str, bytes)) or not isinstance(coords, (Sequence, np.ndarray)):
-            raise RankError(f"coords must be a sequence of {self.ndim} ints, got {coords!r}")
+            raise RankError(f"coords must be a sequence of {self.ndim} ints, got {shown(coords)}")
         values = list(coords)
         if len(values) != self.ndim:
             raise RankError(
-                f"coords {values!r} has {len(values)} values; expected one per dim of {list(self.dim_names)}"
+                f"coords {shown(values)} has {len(values)} values; expected one per dim of {list(self.dim_names)}"
             )
         rank = self.rank_offset
         for name, value, size, stride in zip(self.dim_names, values, self.shape, self.strides):
             if not is_int(value) or not 0 <= value < size:
-                raise RankError(f"coordinate {name}={value!r} is out of range: expected 0 <= {name} < {size}")
+                raise RankError(f"coordinate {name}={shown(value)} is out of range: expected 0 <= {name} < {size}")
             rank += int(value) * stride
         return rank
 
@@ -332,7 +336,7 @@ class GridLayout(NamedCoordinates):
             >>> GridLayout([2, 3], ["tp", "dp"]).coords_array([0, 3, 5]).tolist()
             [[0, 0], [1, 1], [1, 2]]
         """
-        local = int_array(ranks, 1, f"ranks must be a 1-D sequence of ints, got {ranks!r}")
+        local = int_array(ranks, 1, f"ranks must be a 1-D sequence of ints, got {shown(ranks)}")
         local = local.astype(np.int64) - self.rank_offset
         bad = (local < 0) | (local >= self.size)
         if bad.any():
@@ -350,9 +354,9 @@ class GridLayout(NamedCoordinates):
             >>> GridLayout([2, 3], ["tp", "dp"]).ranks_array([[0, 0], [1, 2]]).tolist()
             [0, 5]
         """
-        values = int_array(coords, 2, f"coords must be an (n, {self.ndim}) array of ints, got {coords!r}")
+        values = int_array(coords, 2, f"coords must be an (n, {self.ndim}) array of ints, got {shown(coords)}")
         if values.shape[1] != self.ndim:
-            raise RankError(f"coords must be an (n, {self.ndim}) array of ints, got {coords!r}")
+            raise RankError(f"coords must be an (n, {self.ndim}) array of ints, got {shown(coords)}")
         shape = np.asarray(self.shape, dtype=np.int64)
         bad_rows = ((values < 0) | (values >= shape)).any(axis=1)
         if bad_rows.any():

@@ -36,8 +36,9 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from hypergrid.errors import InvalidArgumentError, WorldSizeError
-from hypergrid.layout import Dims, GridLayout
-from hypergrid.values import as_int, shown
+from hypergrid.layout import MAX_WORLD_SIZE, Dims, GridLayout
+from hypergrid.validation import check_choice, check_int, refuse
+from hypergrid.values import shown
 
 __all__ = ["SCOPES", "NodeSplit", "hierarchical_family", "node_size", "node_split", "resolve_scope"]
 
@@ -60,14 +61,14 @@ def resolve_scope(within: object, across: object) -> str | None:
     """
     if within is not None and across is not None:
         raise InvalidArgumentError(
-            f"give within= or across=, not both (got within={within!r}, across={across!r}): "
+            f"give within= or across=, not both (got within={shown(within)}, across={shown(across)}): "
             "they are the two halves of one hierarchy, created as two families"
         )
     for scope, level in (("within", within), ("across", across)):
         if level is None:
             continue
-        if level not in LEVELS:
-            raise InvalidArgumentError(f"{scope} must be one of {list(LEVELS)} or None, got {level!r}")
+        if not isinstance(level, str) or level not in LEVELS:
+            raise refuse("", scope, level, " or ".join(repr(name) for name in LEVELS) + " (a level's name) or None")
         return scope
     return None
 
@@ -91,13 +92,10 @@ def node_size(value: int | None) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise WorldSizeError(f"LOCAL_WORLD_SIZE={text!r} is not an int") from None
+            raise WorldSizeError(f"LOCAL_WORLD_SIZE={shown(text)} is not an int") from None
         if value < 1:
-            raise WorldSizeError(f"LOCAL_WORLD_SIZE={text!r} is not a positive int (ranks per node)")
-    number = as_int(value)
-    if number is None or number < 1:
-        raise WorldSizeError(f"ranks_per_node must be a positive int (Python or numpy), got {shown(value)}")
-    return number
+            raise WorldSizeError(f"LOCAL_WORLD_SIZE={shown(text)} is not a positive int (ranks per node)")
+    return check_int("", "ranks_per_node", value, 1, MAX_WORLD_SIZE, WorldSizeError)
 
 
 class NodeSplit:
@@ -140,9 +138,7 @@ def node_split(layout: GridLayout, ranks_per_node: int) -> NodeSplit:
         >>> split.inner["dp"], split.outer["dp"], split.outer["tp"]
         (('dp_intra',), ('dp_inter',), ())
     """
-    per_node = as_int(ranks_per_node)
-    if per_node is None or per_node < 1:
-        raise InvalidArgumentError(f"ranks_per_node must be a positive int, got {ranks_per_node!r}")
+    per_node = check_int("", "ranks_per_node", ranks_per_node, 1, MAX_WORLD_SIZE)
     return _node_split(layout, per_node)  # validated first: the cache would take True for 1
 
 
@@ -176,7 +172,7 @@ def _node_split(layout: GridLayout, per_node: int) -> NodeSplit:
             if per_node % below or size % q:
                 raise InvalidArgumentError(
                     f"nodes of {per_node} ranks do not cut grid {list(layout.shape)} {list(layout.dim_names)} "
-                    f"along its dims: a node holds {per_node / below:g} steps of {name!r} (size {size}), "
+                    f"along its dims: a node holds {per_node / below:g} steps of {shown(name)} (size {size}), "
                     f"which needs a whole number dividing {size}; groups would sit on nodes unevenly"
                 )
             intra, inter = _fresh(f"{name}_intra", taken), _fresh(f"{name}_inter", taken)
@@ -210,8 +206,7 @@ def hierarchical_family(
         >>> hierarchical_family(grid, "tp", "across", 4)[0].rank_enum(("single",))[:2]
         [[0], [1]]
     """
-    if scope not in SCOPES:
-        raise InvalidArgumentError(f"scope must be one of {list(SCOPES)}, got {scope!r}")
+    check_choice("", "scope", scope, SCOPES)
     ordered = layout.canonical_dims(dims)
     split = node_split(layout, ranks_per_node)
     parts = split.inner if scope == "within" else split.outer

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from hypergrid.errors import InvalidArgumentError, RankFailure
 from hypergrid.layout.grid_layout import GridLayout
+from hypergrid.values import shown
 
 __all__ = ["POLICIES", "ShrinkPlan", "plan_shrink"]
 
@@ -64,8 +65,8 @@ def check_policy(policy: object) -> str:
         >>> check_policy("drop")
         'drop'
     """
-    if policy not in POLICIES:
-        raise InvalidArgumentError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise InvalidArgumentError(f"policy must be one of {list(POLICIES)}, got {shown(policy)}")
     return str(policy)
 
 
@@ -149,7 +150,7 @@ def _drop(old: _Survey, dim: str) -> ShrinkPlan:
     size = layout.shape[index]
     if len(removed) == size:
         raise RankFailure(
-            f"every slice of dim {dim!r} (size {size}) holds a dead rank (dead: {old.gone}): no complete replica "
+            f"every slice of dim {shown(dim)} (size {size}) holds a dead rank (dead: {old.gone}): no complete replica "
             "is left to carry on with; restart from a checkpoint",
             old.gone,
         )

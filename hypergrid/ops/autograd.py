@@ -39,7 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hypergrid.ops.collectives import Collectives, tensor_dim
+from hypergrid.errors import public
+from hypergrid.ops.collectives import Collectives
+from hypergrid.ops.tensors import tensor_dim
+from hypergrid.validation import refuse
 
 if TYPE_CHECKING:
     from hypergrid.layout import Dims
@@ -119,10 +122,15 @@ def _apply(function: type[torch.autograd.Function], *args: Any) -> torch.Tensor:
 
 
 def _checked(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int | None, what: str) -> int:
+    if not isinstance(x, torch.Tensor):
+        raise refuse(what, "x", x, "a torch.Tensor")
+    if not isinstance(grid, Collectives):
+        raise refuse(what, "grid", grid, "a HyperCommGrid")
     grid.layout.key(dims)  # DimsError before any communication
     return 0 if dim is None else tensor_dim(x, dim, what)
 
 
+@public
 def copy_to(x: torch.Tensor, grid: Collectives, dims: Dims) -> torch.Tensor:
     """Identity forward, all-reduce of the gradient over the family backward (enter a tensor-parallel region).
 
@@ -135,6 +143,7 @@ def copy_to(x: torch.Tensor, grid: Collectives, dims: Dims) -> torch.Tensor:
     return out
 
 
+@public
 def reduce_from(x: torch.Tensor, grid: Collectives, dims: Dims) -> torch.Tensor:
     """All-reduce (sum) over the family forward, identity backward (leave a row-parallel layer).
 
@@ -147,6 +156,7 @@ def reduce_from(x: torch.Tensor, grid: Collectives, dims: Dims) -> torch.Tensor:
     return out
 
 
+@public
 def scatter_to(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int = -1) -> torch.Tensor:
     """Keep this rank's chunk along ``dim`` forward, all-gather the gradient backward.
 
@@ -160,6 +170,7 @@ def scatter_to(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int = -1) ->
     return out
 
 
+@public
 def gather_from(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int = -1) -> torch.Tensor:
     """All-gather along ``dim`` forward, keep this rank's chunk of the gradient backward.
 
@@ -177,6 +188,7 @@ def gather_from(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int = -1) -
     return out
 
 
+@public
 def reduce_scatter_to(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int = 0) -> torch.Tensor:
     """Reduce-scatter (sum) along ``dim`` forward, all-gather the gradient backward (sequence parallel).
 
@@ -190,6 +202,7 @@ def reduce_scatter_to(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int =
     return out
 
 
+@public
 def gather_from_sequence(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int = 0) -> torch.Tensor:
     """All-gather along ``dim`` forward, reduce-scatter the gradient backward (enter a sequence-parallel block).
 

@@ -19,6 +19,7 @@ rank instead of leaving the others waiting.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,10 +27,20 @@ import torch.distributed as dist
 
 from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import Watched, communicate
+from hypergrid.binding.registry import guard_key
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout import Dims
-from hypergrid.ops.checks import all_gather_single, check_collectives_flag, check_reduce_op, compare_calls, signature
-from hypergrid.values import as_int, is_int, shown
+from hypergrid.ops.checks import (
+    Pairing,
+    all_gather_single,
+    check_collectives_flag,
+    check_reduce_op,
+    compare_calls,
+    signature,
+)
+from hypergrid.ops.tensors import check_tensor, tensor_dim
+from hypergrid.validation import check_bool
+from hypergrid.values import is_int, shown
 
 __all__ = ["Collectives", "check_collectives_flag"]
 
@@ -38,46 +49,6 @@ _HALVES = (("within", ("node", None)), ("across", (None, "node")))
 
 # torch 2.13 renamed the single-tensor collectives; older releases (>= 2.4) have only the old names.
 _reduce_scatter_single: Any = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-def tensor_dim(tensor: object, dim: object, what: str) -> int:
-    """``dim`` of ``tensor`` as a non-negative index, checked.
-
-    Raises:
-        InvalidArgumentError: ``tensor`` is not a tensor with at least one dim,
-            or ``dim`` is not an int in ``-ndim .. ndim-1``.
-
-    Examples:
-        >>> tensor_dim(torch.zeros(2, 3), -1, "all_gather")
-        1
-    """
-    if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
-        raise InvalidArgumentError(f"{what} needs a tensor with at least one dim, got {tensor!r}")
-    ndim = tensor.dim()
-    index = as_int(dim)
-    if index is None or not -ndim <= index < ndim:
-        raise InvalidArgumentError(
-            f"{what}: dim={dim!r} is not a dim of a tensor of shape {list(tensor.shape)} "
-            f"(expected an int in {-ndim}..{ndim - 1})"
-        )
-    return index % ndim
-
-
-def _check_tensor(tensor: object, what: str, dense: bool = False, written: bool = False) -> torch.Tensor:
-    """``tensor`` if it is a tensor; with ``dense`` a strided one; with ``written`` one whose elements own memory."""
-    if not isinstance(tensor, torch.Tensor):
-        raise InvalidArgumentError(f"{what} needs a torch.Tensor, got {tensor!r}")
-    if dense and tensor.layout != torch.strided:
-        raise InvalidArgumentError(
-            f"{what} needs a dense (strided) tensor, got a {tensor.layout} tensor of shape {list(tensor.shape)}; "
-            "pass tensor.to_dense()"
-        )
-    if written and any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape)):
-        raise InvalidArgumentError(
-            f"{what} writes its result into the tensor, but this one (shape {list(tensor.shape)}, strides "
-            f"{list(tensor.stride())}) is expanded: several elements share one memory location; pass tensor.clone()"
-        )
-    return tensor
 
 
 class Collectives(GridFacet):
@@ -90,10 +61,22 @@ class Collectives(GridFacet):
 
         _root: Any
 
-    def _compare_call(self, call: str, dims: Dims, tensor: object, op: object = None, extra: object = None) -> None:
+    def _compare_call(
+        self,
+        call: str,
+        dims: Dims,
+        tensor: object,
+        op: object = None,
+        extra: object = None,
+        aux: Sequence[int] = (),
+        pairing: Pairing | None = None,
+    ) -> None:
         """With checked collectives on: create the family if needed and compare this call across the group."""
         if self._root.check_collectives:
-            compare_calls([self._member_pg(dims, call)], signature(call, tensor, op, extra), tensor, call, dims)
+            group = self._member_pg(dims, call)
+            family = guard_key(self._key(dims, None, None, None, None))
+            fields = signature(call, tensor, op, extra, aux)
+            compare_calls(self, family, [(group, family)], fields, tensor, call, dims, pairing)
 
     def _chunk_dim(self, tensor: torch.Tensor, dims: Dims, dim: int, what: str) -> tuple[int, int]:
         """``(dim, chunk size)`` for splitting ``tensor`` along ``dim`` into one chunk per group member."""
@@ -102,7 +85,7 @@ class Collectives(GridFacet):
         size = tensor.shape[index]
         if size % members:
             raise InvalidArgumentError(
-                f"{what} over dims {dims!r}: dim {dim} of a tensor of shape {list(tensor.shape)} has size {size}, "
+                f"{what} over dims {shown(dims)}: dim {dim} of a tensor of shape {list(tensor.shape)} has size {size}, "
                 f"which does not divide into {members} equal chunks (the group size)"
             )
         return index, size // members
@@ -162,8 +145,9 @@ class Collectives(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         self._compare_call("all_reduce", dims, tensor, op)
-        _check_tensor(tensor, "all_reduce")
+        check_tensor(tensor, "all_reduce")
         check_reduce_op(op, "all_reduce")
+        check_bool("all_reduce", "async_op", async_op)
         group = self._member_pg(dims, "all_reduce")
         work: Watched | None = communicate(
             f"all_reduce over {shown(dims)}", dist.all_reduce, tensor, op=op, group=group, async_op=async_op
@@ -193,7 +177,7 @@ class Collectives(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         self._compare_call("all_gather", dims, tensor, None, dim)
-        index = tensor_dim(_check_tensor(tensor, "all_gather", dense=True), dim, "all_gather")
+        index = tensor_dim(check_tensor(tensor, "all_gather", dense=True), dim, "all_gather")
         group = self._member_pg(dims, "all_gather")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((self.layout.group_size(dims) * moved.shape[0], *moved.shape[1:]))
@@ -224,7 +208,7 @@ class Collectives(GridFacet):
         """
         self._compare_call("reduce_scatter", dims, tensor, op, dim)
         check_reduce_op(op, "reduce_scatter")
-        index, chunk = self._chunk_dim(_check_tensor(tensor, "reduce_scatter", dense=True), dims, dim, "reduce_scatter")
+        index, chunk = self._chunk_dim(check_tensor(tensor, "reduce_scatter", dense=True), dims, dim, "reduce_scatter")
         group = self._member_pg(dims, "reduce_scatter")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((chunk, *moved.shape[1:]))
@@ -260,11 +244,12 @@ class Collectives(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         self._compare_call("broadcast", dims, tensor, None, group_src)
-        _check_tensor(tensor, "broadcast")
+        check_tensor(tensor, "broadcast")
+        check_bool("broadcast", "async_op", async_op)
         members = self.layout.group_size(dims)
         if not is_int(group_src) or not 0 <= group_src < members:
             raise InvalidArgumentError(
-                f"broadcast over dims {dims!r}: group_src={group_src!r} is not a rank of the group "
+                f"broadcast over dims {shown(dims)}: group_src={shown(group_src)} is not a rank of the group "
                 f"(expected an int in 0..{members - 1})"
             )
         group = self._member_pg(dims, "broadcast")
@@ -294,6 +279,8 @@ class Collectives(GridFacet):
             >>> grid.barrier("tp")
             >>> grid.destroy(); dist.destroy_process_group()
         """
+        check_bool("barrier", "async_op", async_op)
+        self._compare_call("barrier", dims, None)
         group = self._member_pg(dims, "barrier")
         work: Watched | None = communicate(f"barrier over {shown(dims)}", dist.barrier, group=group, async_op=async_op)
         return work
@@ -351,7 +338,7 @@ class Collectives(GridFacet):
         what, per_node = "hierarchical_all_reduce", {"ranks_per_node": ranks_per_node}
         checking = self._root.check_collectives
         if not checking:
-            _check_tensor(tensor, what, dense=True, written=True)
+            check_tensor(tensor, what, dense=True, written=True)
             check_reduce_op(op, what)
         self.pg(dims, across="node", **per_node)  # every rank takes part in both creations before any raises
         inner = self._member_pg(dims, what, within="node", **per_node)
@@ -359,12 +346,18 @@ class Collectives(GridFacet):
         cuts = {half: self._node_size_of(self._key(dims, None, None, *scope), None, "node") for half, scope in _HALVES}
         if cuts["within"] != cuts["across"]:
             raise InvalidArgumentError(
-                f"the halves of {dims!r} were cut for different node sizes (within: {cuts['within']} ranks per node, "
+                f"the halves of {shown(dims)} were cut for different node sizes (within: {cuts['within']} "
+                f"ranks per node, "
                 f"across: {cuts['across']}); destroy() the grid's groups and create both with one ranks_per_node"
             )
         if checking:
-            compare_calls([inner, outer], signature(what, tensor, op), tensor, what, dims)
-            _check_tensor(tensor, what, dense=True, written=True)
+            halves = [
+                (inner, guard_key(self._key(dims, None, None, "node", None))),
+                (outer, guard_key(self._key(dims, None, None, None, "node"))),
+            ]
+            family = guard_key(self._key(dims, None, None, None, None))
+            compare_calls(self, family, halves, signature(what, tensor, op), tensor, what, dims)
+            check_tensor(tensor, what, dense=True, written=True)
             check_reduce_op(op, what)
         k, count = dist.get_world_size(inner), tensor.numel()
         flat = tensor.detach().reshape(-1)

@@ -10,18 +10,27 @@ the group size elsewhere (gloo has no ``AVG``).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import communicate
-from hypergrid.errors import InvalidArgumentError
+from hypergrid.errors import HyperGridError, InvalidArgumentError
 from hypergrid.layout import Dims
+from hypergrid.ops.checks import check_code
+from hypergrid.validation import check_number
+from hypergrid.values import first_line, shown
 
-__all__ = ["Gradients", "gradient_buckets"]
+__all__ = ["Gradients", "gradient_buckets", "local_gradient"]
+
+try:  # torch >= 2.5; 2.4 has it under a private name
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover - depends on the torch release
+    from torch.distributed._tensor import DTensor  # type: ignore[attr-defined]
 
 _BACKENDS_WITH_AVG = ("nccl",)
 
@@ -36,27 +45,32 @@ def _parameters(module_or_params: object) -> list[torch.Tensor]:
         found = module_or_params
     else:
         raise InvalidArgumentError(
-            f"average_gradients needs a torch.nn.Module or an iterable of tensors, got {module_or_params!r}"
+            f"average_gradients needs a torch.nn.Module or an iterable of tensors, got {shown(module_or_params)}"
         )
     out: list[torch.Tensor] = []
     seen: set[int] = set()
     for index, param in enumerate(found):
         if not isinstance(param, torch.Tensor):
-            raise InvalidArgumentError(f"average_gradients: item {index} is not a tensor, got {param!r}")
+            raise InvalidArgumentError(f"average_gradients: item {index} is not a tensor, got {shown(param)}")
         if id(param) not in seen:
             seen.add(id(param))
             out.append(param)
     return out
 
 
-def gradient_buckets(params: list[torch.Tensor], bucket_mb: float) -> list[list[torch.Tensor]]:
+def gradient_buckets(
+    params: list[torch.Tensor], bucket_mb: float, members: Sequence[int] | None = None
+) -> list[list[torch.Tensor]]:
     """The gradients of ``params`` packed in order into buckets of one dtype and device, at most ``bucket_mb`` MiB.
 
     Parameters without a gradient are skipped. A gradient larger than a
-    bucket is a bucket of its own.
+    bucket is a bucket of its own. A ``DTensor`` gradient (FSDP2, tensor
+    parallelism) stands for its local shard (`local_gradient`; ``members``: the
+    ranks it is averaged with).
 
     Raises:
-        InvalidArgumentError: ``bucket_mb`` is not a positive number, or a gradient is sparse.
+        InvalidArgumentError: ``bucket_mb`` is not a positive number, a gradient is
+            sparse, or a DTensor gradient whose local shards differ among ``members``.
 
     Examples:
         >>> ps = [torch.zeros(3, requires_grad=True) for _ in range(3)]
@@ -64,15 +78,13 @@ def gradient_buckets(params: list[torch.Tensor], bucket_mb: float) -> list[list[
         >>> [len(bucket) for bucket in gradient_buckets(ps, bucket_mb=25)]
         [2]
     """
-    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not 0 < bucket_mb < math.inf:
-        raise InvalidArgumentError(f"bucket_mb must be a positive number of MiB, got {bucket_mb!r}")
-    limit = bucket_mb * 2**20
+    limit = check_number("average_gradients", "bucket_mb", bucket_mb, positive=True) * 2**20
     open_buckets: dict[tuple[torch.dtype, torch.device], tuple[list[torch.Tensor], list[int]]] = {}
     buckets: list[list[torch.Tensor]] = []
-    for param in params:
-        grad = param.grad
-        if grad is None:
+    for index, param in enumerate(params):
+        if param.grad is None:
             continue
+        grad = local_gradient(param.grad, index, members or ())
         if grad.is_sparse:
             raise InvalidArgumentError(
                 f"average_gradients: a parameter of shape {list(param.shape)} has a sparse gradient; "
@@ -89,8 +101,65 @@ def gradient_buckets(params: list[torch.Tensor], bucket_mb: float) -> list[list[
     return buckets
 
 
+def local_gradient(grad: torch.Tensor, index: int, members: Sequence[int]) -> torch.Tensor:
+    """The tensor to average for one gradient: itself, or a ``DTensor``'s local shard (sharing its storage).
+
+    Averaging local shards over a family is right where the family's ranks hold
+    the same shard: each ``Shard`` placement's mesh dim must give every member
+    in the mesh the caller's coordinate (tensor parallelism, averaged over
+    ``dp``). FSDP2's parameters are sharded over the data-parallel ranks (and
+    FSDP2 reduces their gradients itself): averaging them over those ranks
+    would mix different parts, and is refused; so is a ``Partial`` gradient
+    (a reduction still pending).
+
+    Raises:
+        InvalidArgumentError: the members hold different shards, or a ``Partial`` placement.
+
+    Examples:
+        >>> local_gradient(torch.ones(2), 0, [0, 1]).tolist()
+        [1.0, 1.0]
+    """
+    if not isinstance(grad, DTensor):
+        return grad
+    mesh = grad.device_mesh
+    names = mesh.mesh_dim_names or tuple(str(dim) for dim in range(mesh.ndim))
+    where = {int(rank): coordinate for coordinate, rank in np.ndenumerate(mesh.mesh.cpu().numpy())}
+    mine = where.get(dist.get_rank())
+    for dim, placement in enumerate(grad.placements):
+        what = f"parameter {index} (shape {list(grad.shape)}) has a DTensor gradient {shown(placement)} over mesh dim"
+        if placement.is_partial():
+            raise InvalidArgumentError(
+                f"{what} {names[dim]!r}, a reduction still pending: redistribute it to Shard or Replicate first"
+            )
+        apart = [m for m in members if mine is not None and m in where and where[m][dim] != mine[dim]]
+        if placement.is_shard() and apart:
+            raise InvalidArgumentError(
+                f"{what} {names[dim]!r}: ranks {sorted({*apart, dist.get_rank()})} of this family hold different "
+                "shards, and averaging them would mix different parts; pass parameters the family replicates "
+                "(tensor-parallel shards over dp), or let FSDP2 reduce its own gradients"
+            )
+    local: torch.Tensor = grad.to_local()
+    return local
+
+
+def _layout_of(buckets: list[list[torch.Tensor]]) -> tuple[int, int, int, int]:
+    """What members of a data-parallel group must agree on: gradients, elements, their shapes and dtypes, buckets."""
+    grads = [grad for bucket in buckets for grad in bucket]
+    described = (
+        ";".join(f"{grad.dtype}{list(grad.shape)}" for grad in grads) + "|" + ",".join(map(str, map(len, buckets)))
+    )
+    return len(grads), sum(grad.numel() for grad in grads), check_code(described), len(buckets)
+
+
 class Gradients(GridFacet):
     """Gradient averaging over a family (a mixin of ``HyperCommGrid``)."""
+
+    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.ops.collectives)
+        _root: Any
+
+        def _compare_call(
+            self, call: str, dims: Dims, tensor: object, op: object = None, extra: object = None, aux: Any = ()
+        ) -> None: ...
 
     def average_gradients(self, module_or_params: object, dims: Dims = "dp", *, bucket_mb: float = 25) -> None:
         """Average the gradients of a module's parameters in place over the caller's group of ``dims``.
@@ -117,6 +186,8 @@ class Gradients(GridFacet):
             DimsError: unknown, repeated or no dims.
             InvalidArgumentError: not a module or tensors, a sparse gradient, or a bad ``bucket_mb``.
             RankError: the caller is outside the grid.
+            CollectiveMismatchError: (checked collectives) the members' gradients differ in
+                count, shape, dtype or buckets, or their calls can never meet.
             RankFailure: a member is gone (torch's error is its ``__cause__``).
 
         Examples:
@@ -129,11 +200,22 @@ class Gradients(GridFacet):
             [[1.0, 1.0]]
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        buckets = gradient_buckets(_parameters(module_or_params), bucket_mb)  # every check before communication
+        rank = dist.get_rank()
+        members = self.layout.group_ranks(dims, rank) if self.layout.contains(rank) else None
+        try:
+            buckets = gradient_buckets(_parameters(module_or_params), bucket_mb, members)  # every check first
+        except HyperGridError as error:
+            if not self._root.check_collectives:
+                raise
+            # Compared all the same, so that the other members raise too instead of waiting: then raised here.
+            self._compare_call("average_gradients", dims, None, aux=(-2, check_code(first_line(error))))
+            raise
+        if self._root.check_collectives:
+            self._compare_call("average_gradients", dims, None, aux=_layout_of(buckets))
         group = self._member_pg(dims, "average_gradients")
         size = dist.get_world_size(group)
         op = dist.ReduceOp.AVG if dist.get_backend(group) in _BACKENDS_WITH_AVG else dist.ReduceOp.SUM
-        what = f"average_gradients over {dims!r}"
+        what = f"average_gradients over {shown(dims)}"
         for grads in buckets:
             flat = torch.cat([grad.detach().reshape(-1) for grad in grads])
             communicate(what, dist.all_reduce, flat, op=op, group=group)

@@ -9,12 +9,19 @@ blocking send followed by a receive can.
 
 from __future__ import annotations
 
+import itertools
+from typing import TYPE_CHECKING, Any
+
 import torch
 import torch.distributed as dist
 
 from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import check_live, peer_failures, wait_works
-from hypergrid.errors import DimsError, InvalidArgumentError
+from hypergrid.errors import InvalidArgumentError
+from hypergrid.layout import GridLayout
+from hypergrid.ops.checks import tensor_code
+from hypergrid.validation import refuse
+from hypergrid.values import shown
 
 __all__ = ["Pipeline", "run_p2p"]
 
@@ -29,21 +36,54 @@ def run_p2p(ops: list[dist.P2POp], what: str) -> None:
     wait_works(requests, what)
 
 
-def _checked(
-    what: str, dim: object, indices: tuple[int, ...], *tensors: torch.Tensor | None
-) -> dict[str, torch.Tensor | None]:
+def _checked(what: str, layout: GridLayout, dim: object, *tensors: torch.Tensor | None) -> dict[str, Any]:
     """The p2p arguments by name, next-bound pairs first; checked before any group is created."""
+    layout._one_dim(dim)  # one dim, like shift
     named = dict(zip(("send_next", "send_prev", "recv_next", "recv_prev"), tensors))
     for name, tensor in named.items():
         if tensor is not None and not isinstance(tensor, torch.Tensor):
-            raise InvalidArgumentError(f"{what}: {name} must be a torch.Tensor or None, got {tensor!r}")
-    if len(indices) != 1:  # one dim, like shift
-        raise DimsError(f"{what} takes one dim, got {dim!r}")
+            raise refuse(what, name, tensor, "a torch.Tensor or None")
     return {name: named[name] for name in ("send_next", "recv_prev", "send_prev", "recv_next")}
+
+
+def _pairs(table: list[list[int]]) -> str | None:
+    """Neighbour stages of ``exchange`` (rows in stage order) that would not pair: a send without its receive, or
+    a tensor of another shape or dtype; None where every pair matches."""
+    for stage, (this, following) in enumerate(itertools.pairwise(table)):
+        for sent, received, sender, receiver, words in (
+            (this[-4], following[-3], this, following, ("send_next", "recv_prev")),
+            (following[-2], this[-1], following, this, ("send_prev", "recv_next")),
+        ):
+            if sent != received:
+                where = f"stage {stage if sender is this else stage + 1} (rank {sender[0]})"
+                there = f"stage {stage if receiver is this else stage + 1} (rank {receiver[0]})"
+                return (
+                    f"do not pair: {words[0]} of {where} is {_what(sent)} but {words[1]} of {there} is "
+                    f"{_what(received)}"
+                )
+    return None
+
+
+def _what(code: int) -> str:
+    return "None" if code == -1 else f"a tensor (shape and dtype #{code})"
 
 
 class Pipeline(GridFacet):
     """Previous / next ranks along a dim and point-to-point op lists (a mixin of ``HyperCommGrid``)."""
+
+    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.ops.collectives)
+        _root: Any
+
+        def _compare_call(
+            self,
+            call: str,
+            dims: Any,
+            tensor: object,
+            op: object = None,
+            extra: object = None,
+            aux: Any = (),
+            pairing: Any = None,
+        ) -> None: ...
 
     def prev_rank(self, dim: str, rank: int | None = None) -> int:
         """The global rank one step before ``rank`` along ``dim``, wrapping around (a ring).
@@ -130,14 +170,14 @@ class Pipeline(GridFacet):
             []
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        tensors = _checked("p2p_ops", dim, self.layout.dim_indices(dim), send_next, send_prev, recv_next, recv_prev)
-        check_live(f"p2p_ops along {dim!r}")
+        tensors = _checked("p2p_ops", self.layout, dim, send_next, send_prev, recv_next, recv_prev)
+        check_live(f"p2p_ops along {shown(dim)}")
         group = self._member_pg(dim, "p2p_ops")
         rank = dist.get_rank()
         given = [name for name, tensor in tensors.items() if tensor is not None]
         if given and self.layout.dim_size(dim) == 1:
             raise InvalidArgumentError(
-                f"p2p_ops: dim {dim!r} has size 1, so rank {rank} has no neighbour along it; got {given}"
+                f"p2p_ops: dim {shown(dim)} has size 1, so rank {rank} has no neighbour along it; got {given}"
             )
         peers = {"next": self.next_rank(dim, rank), "prev": self.prev_rank(dim, rank)}
         ops = []
@@ -196,9 +236,18 @@ class Pipeline(GridFacet):
             [0.0, 0.0]
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        tensors = _checked("exchange", dim, self.layout.dim_indices(dim), send_next, send_prev, recv_next, recv_prev)
+        arguments = ("exchange", self.layout, dim, send_next, send_prev, recv_next, recv_prev)
+        checking = self._root.check_collectives
+        if not checking:
+            _checked(*arguments)  # before any group is created
+        self.layout._one_dim(dim)
         self._member_pg(dim, "exchange")  # every stage takes part in the group's creation
         before, after = self.layout.shift(dim, dist.get_rank())
         present = {"prev": before is not None, "next": after is not None}
+        given = {"send_next": send_next, "recv_prev": recv_prev, "send_prev": send_prev, "recv_next": recv_next}
+        if checking:  # what each stage sends and receives, compared with its neighbours', then checked
+            codes = [tensor_code(t) if present[name.split("_")[1]] else -1 for name, t in given.items()]
+            self._compare_call("exchange", dim, None, aux=codes, pairing=_pairs)
+        tensors = _checked(*arguments)
         kept = {name: t for name, t in tensors.items() if t is not None and present[name.split("_")[1]]}
-        run_p2p(self.p2p_ops(dim, **kept), f"exchange along {dim!r}")
+        run_p2p(self.p2p_ops(dim, **kept), f"exchange along {shown(dim)}")

@@ -7,9 +7,12 @@ from collections.abc import Sequence
 
 from hypergrid.cluster.spans import Span
 from hypergrid.cluster.tiers import Tier, Topology
-from hypergrid.errors import InvalidArgumentError
+from hypergrid.errors import InvalidArgumentError, public
+from hypergrid.layout import MAX_WORLD_SIZE
+from hypergrid.validation import check_int, check_number, refuse
+from hypergrid.values import shown
 
-__all__ = ["OPS", "bus_factor", "collective_seconds", "steps"]
+__all__ = ["OPS", "bus_factor", "collective_seconds", "seconds_of", "steps"]
 
 #: The collectives the model prices, as ``Traffic.op`` names them.
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
@@ -18,10 +21,11 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", 
 def check_op(op: object) -> str:
     """``op`` if it is one of `OPS`, else an error naming it."""
     if not isinstance(op, str) or op not in OPS:
-        raise InvalidArgumentError(f"unknown collective op {op!r}; expected one of {list(OPS)}")
+        raise InvalidArgumentError(f"unknown collective op {shown(op)}; expected one of {list(OPS)}")
     return op
 
 
+@public
 def bus_factor(op: str, n: int) -> float:
     """Bytes each rank moves per byte of buffer, for a group of ``n`` (nccl-tests' bus factor).
 
@@ -29,7 +33,11 @@ def bus_factor(op: str, n: int) -> float:
         >>> bus_factor("all_reduce", 8), bus_factor("all_gather", 8), bus_factor("send_recv", 8)
         (1.75, 0.875, 1.0)
     """
-    check_op(op)
+    return _bus(check_op(op), check_int("bus_factor", "n", n, 1, MAX_WORLD_SIZE))
+
+
+def _bus(op: str, n: int) -> float:
+    """`bus_factor` of checked arguments (the planner's inner loop)."""
     if n <= 1:
         return 0.0
     if op == "all_reduce":
@@ -68,7 +76,7 @@ def _flat(
         elif op == "send_recv":  # one message over one rank's link
             seconds = nbytes / tier.bandwidth
         else:  # a ring leaves each unit once: its bytes share the links of the group's ranks there
-            seconds = bus_factor(op, n) * nbytes / (below * tier.bandwidth)
+            seconds = _bus(op, n) * nbytes / (below * tier.bandwidth)
         terms.append(seconds)
         alpha = max(alpha, tier.latency)
     return steps(op, n) * alpha + max(terms)
@@ -95,6 +103,7 @@ def _seconds(
     return best
 
 
+@public
 def collective_seconds(op: str, nbytes: float, span: Span, topology: Topology) -> float:
     """Seconds of one call of ``op`` on ``nbytes`` per rank, every group of the family at once.
 
@@ -110,7 +119,8 @@ def collective_seconds(op: str, nbytes: float, span: Span, topology: Topology) -
         ring bus bound ``bus_factor(op, n) * nbytes / topology.fastest_bandwidth``.
 
     Raises:
-        InvalidArgumentError: an unknown op, or a span with the wrong number of tiers.
+        InvalidArgumentError: an unknown op, bytes that are not a finite number >= 0, not a
+            `Span` or a `Topology`, or a span with the wrong number of tiers.
 
     Examples:
         >>> from hypergrid.cluster.spans import family_spans
@@ -120,12 +130,22 @@ def collective_seconds(op: str, nbytes: float, span: Span, topology: Topology) -
         1.792
     """
     check_op(op)
+    number = check_number("collective_seconds", "nbytes", nbytes, 0)
+    if not isinstance(span, Span):
+        raise refuse("collective_seconds", "span", span, "a Span (family_spans)")
+    if not isinstance(topology, Topology):
+        raise refuse("collective_seconds", "topology", topology, "a Topology")
     if len(span.spanned) != len(topology.tiers):
         raise InvalidArgumentError(
             f"span has {len(span.spanned)} tiers but the topology has {len(topology.tiers)} ({list(topology.names)})"
         )
+    return seconds_of(op, number, span, topology)
+
+
+def seconds_of(op: str, nbytes: float, span: Span, topology: Topology) -> float:
+    """`collective_seconds` of checked arguments (the planner's inner loop)."""
     n = span.group_size
     if n <= 1 or nbytes <= 0:
         return 0.0
     seconds = _seconds(op, float(nbytes), n, span.per_unit, span.spanned, topology.tiers)
-    return max(seconds, bus_factor(op, n) * nbytes / topology.fastest_bandwidth)
+    return max(seconds, _bus(op, n) * nbytes / topology.fastest_bandwidth)

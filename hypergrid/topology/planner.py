@@ -10,11 +10,12 @@ from typing import Any
 
 from hypergrid.cluster.spans import span_at
 from hypergrid.cluster.tiers import Topology
-from hypergrid.errors import DimsError, GridSpecError, InvalidArgumentError
+from hypergrid.errors import DimsError, GridSpecError, InvalidArgumentError, public
 from hypergrid.layout import GridLayout
-from hypergrid.topology.cost import collective_seconds
+from hypergrid.topology.cost import seconds_of
 from hypergrid.topology.traffic import Traffic
-from hypergrid.values import is_int
+from hypergrid.validation import check_bool
+from hypergrid.values import is_int, shown
 
 __all__ = ["MAX_PLAN_DIMS", "MAX_PLAN_ORDERS", "Plan", "plan"]
 
@@ -85,10 +86,10 @@ class Plan:
 
 def _check_sizes(sizes: object) -> dict[str, int]:
     if not isinstance(sizes, Mapping) or not sizes:
-        raise GridSpecError(f"sizes must be a non-empty dict of dim name to size, got {sizes!r}")
+        raise GridSpecError(f"sizes must be a non-empty dict of dim name to size, got {shown(sizes)}")
     for name, size in sizes.items():
         if not is_int(size) or size < 1:
-            raise GridSpecError(f"size of dim {name!r} must be a positive int, got {size!r}")
+            raise GridSpecError(f"size of dim {shown(name)} must be a positive int, got {shown(size)}")
     if len(sizes) > MAX_PLAN_DIMS:
         raise InvalidArgumentError(
             f"plan prices every order of the dims (n!): at most {MAX_PLAN_DIMS} dims, got {len(sizes)} ({list(sizes)})"
@@ -101,14 +102,14 @@ def _check_sizes(sizes: object) -> dict[str, int]:
 def _check_traffic(traffic: object, sizes: Mapping[str, int]) -> list[Traffic]:
     entries = [traffic] if isinstance(traffic, Traffic) else traffic
     if isinstance(entries, (str, bytes)) or not isinstance(entries, Iterable):
-        raise InvalidArgumentError(f"traffic must be a Traffic or a list of Traffic, got {traffic!r}")
+        raise InvalidArgumentError(f"traffic must be a Traffic or a list of Traffic, got {shown(traffic)}")
     out = []
     for entry in entries:
         if not isinstance(entry, Traffic):
-            raise InvalidArgumentError(f"traffic entries must be Traffic objects, got {entry!r}")
+            raise InvalidArgumentError(f"traffic entries must be Traffic objects, got {shown(entry)}")
         unknown = [d for d in entry.dims if d not in sizes]
         if unknown:
-            raise DimsError(f"traffic on {entry.key!r} names dim(s) {unknown} not in sizes {list(sizes)}")
+            raise DimsError(f"traffic on {shown(entry.key)} names dim(s) {unknown} not in sizes {list(sizes)}")
         out.append(entry)
     return out
 
@@ -124,11 +125,12 @@ def _price(
     for entry in traffic:
         chosen = sorted(order.index(part) for dim in entry.dims for part in parts.get(dim, [dim]))
         span = span_at(shape, tuple(chosen), topology.unit_ranks)
-        seconds = entry.calls * collective_seconds(entry.op, entry.bytes, span, topology) if entry.calls else 0.0
+        seconds = entry.calls * seconds_of(entry.op, entry.bytes, span, topology) if entry.calls else 0.0
         total = families.get(entry.key, 0.0) + seconds
         if not math.isfinite(total):  # figures at the ends of the float range (1e300 bytes over 1e-300 B/s)
             raise InvalidArgumentError(
-                f"traffic {entry.op} on {entry.key!r} ({entry.bytes:g} bytes, {entry.calls} calls) costs more seconds "
+                f"traffic {entry.op} on {shown(entry.key)} ({entry.bytes:g} bytes, {entry.calls} calls) costs "
+                f"more seconds "
                 f"than a float holds on tiers {[(t.name, t.bandwidth, t.latency) for t in topology.tiers]}; "
                 "check the units of bytes, bandwidth (bytes/s) and latency (s)"
             )
@@ -149,7 +151,7 @@ def _splits(sizes: dict[str, int]) -> Iterable[tuple[str, dict[str, int]]]:
             parts = {f"{dim}{INTRA}": inner, f"{dim}{INTER}": size // inner}
             clash = sorted(set(parts) & set(sizes))
             if clash:
-                raise DimsError(f"split=True names the parts of {dim!r} {clash}, which are already dims in sizes")
+                raise DimsError(f"split=True names the parts of {shown(dim)} {clash}, which are already dims in sizes")
             yield dim, {**{d: s for d, s in sizes.items() if d != dim}, **parts}
 
 
@@ -160,6 +162,7 @@ def _count_orders(sizes: dict[str, int], split: bool) -> int:
     return math.factorial(n) + splits * math.factorial(n) * (n - 1) // 2
 
 
+@public
 def plan(
     sizes: Mapping[str, int], traffic: Traffic | Iterable[Traffic], topology: Topology | str, split: bool = False
 ) -> list[Plan]:
@@ -189,10 +192,11 @@ def plan(
         >>> [(p.order, round(p.seconds, 3)) for p in plans]
         [(('tp', 'dp'), 0.109), (('dp', 'tp'), 0.504)]
     """
+    split = check_bool("plan", "split", split)
     dims = _check_sizes(sizes)
     topo = Topology.preset(topology) if isinstance(topology, str) else topology
     if not isinstance(topo, Topology):
-        raise InvalidArgumentError(f"topology must be a Topology or a preset name, got {topology!r}")
+        raise InvalidArgumentError(f"topology must be a Topology or a preset name, got {shown(topology)}")
     entries = _check_traffic(traffic, dims)
     candidates: list[tuple[dict[str, int], dict[str, list[str]]]] = [(dims, {})]
     if split and len(dims) + 1 > MAX_PLAN_DIMS:

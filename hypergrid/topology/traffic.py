@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from hypergrid.errors import DimsError, InvalidArgumentError
+from hypergrid.errors import DimsError, InvalidArgumentError, public, public_methods
 from hypergrid.layout import KEY_SEPARATOR
 from hypergrid.topology.cost import check_op
 from hypergrid.values import as_number, is_int, shown
@@ -14,6 +14,7 @@ from hypergrid.values import as_number, is_int, shown
 __all__ = ["Traffic", "llm_step_traffic"]
 
 
+@public_methods
 @dataclass(frozen=True, init=False)
 class Traffic:
     """One kind of collective a job runs on one family, with its size and count.
@@ -49,10 +50,12 @@ class Traffic:
             if isinstance(dims, (list, tuple))
             else None
         )
-        if not names or not all(isinstance(name, str) and name for name in names):
-            raise DimsError(f"traffic dims must be a dim name, a key like 'dp-cp' or a list of names, got {dims!r}")
+        if not names or not all(isinstance(name, str) and name.isidentifier() for name in names):
+            raise DimsError(
+                f"dims={shown(dims)}: expected a dim name, a key like 'dp-cp' or a list of names (identifiers)"
+            )
         if len(set(names)) != len(names):
-            raise DimsError(f"traffic dims {dims!r} repeat a name; name each dim once")
+            raise DimsError(f"traffic dims {shown(dims)} repeat a name; name each dim once")
         check_op(op)
         size = as_number(bytes)
         if size is None or size < 0:
@@ -76,6 +79,7 @@ def _positive(value: object, what: str, allow_zero: bool = False) -> float:
     return number
 
 
+@public
 def llm_step_traffic(
     sizes: Mapping[str, int],
     *,
@@ -127,9 +131,11 @@ def llm_step_traffic(
         ...     {"tp": 8, "dp": 4}, hidden=4096, layers=32, seq_len=4096, micro_batch=1, params=7e9)]
         [('tp', 'all_reduce', 128), ('dp', 'all_reduce', 1)]
     """
+    if not isinstance(sizes, Mapping):
+        raise InvalidArgumentError(f"sizes={shown(sizes)}: expected a dict of dim name -> size, such as {{'tp': 8}}")
     for name, size in sizes.items():
         if not is_int(size) or size < 1:
-            raise InvalidArgumentError(f"size of dim {name!r} must be a positive int, got {shown(size)}")
+            raise InvalidArgumentError(f"size of dim {shown(name)} must be a positive int, got {shown(size)}")
     figures = {
         "hidden": hidden,
         "layers": layers,

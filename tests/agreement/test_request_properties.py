@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from hypergrid import HyperCommGrid
 from hypergrid.agreement.request import CreationRequest, mismatch_verdict
-from hypergrid.grid.batch import LOCAL_SETTINGS
+from hypergrid.grid.settings import LOCAL_SETTINGS
 
 NAMES = st.sampled_from(["tp", "cp", "dp", "ep", "pp", "dp-tp", "expert:ep"])
 TEXT = st.text(alphabet="abcdefgh0123456789=.'", min_size=1, max_size=6)

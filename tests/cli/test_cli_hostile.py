@@ -5,8 +5,10 @@ Each case runs the real command line in a subprocess, under a hard time limit.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import resource
 import subprocess
 import sys
 
@@ -41,7 +43,24 @@ PLAN_CASES = {
     "missing --sizes": TRAFFIC,
     "split over many dims": ["--sizes", "a=720720,b=1,c=1,d=1,e=1,f=1,g=1", "--split", "--traffic", "a:all_reduce:1M"],
     "grid nodes cannot cut, 2**31-2 ranks": ["--sizes", "a=2147483646", "--traffic", "a:all_reduce:1M"],
+    "topology json nested 100,000 deep": ["--sizes", "tp=2", *TRAFFIC, "--topology", "{tmp}/deep.json"],
+    "empty traffic": ["--sizes", "tp=2", "--traffic", ""],
+    "json name of 300 characters": ["--sizes", "tp=2", *TRAFFIC, "--json", "{tmp}/" + "j" * 300 + ".json"],
 }
+
+DEMO_CASES = {
+    "unknown flag": ["--bogus"],
+    "timeout nan": ["--timeout", "nan"],
+    "timeout -1": ["--timeout", "-1"],
+    "timeout inf": ["--timeout", "inf"],
+    "timeout 0": ["--timeout", "0"],
+    "timeout beyond 100 years": ["--timeout", "999999999999"],
+    "shape and dims of different lengths": ["--shape", "2,2", "--dims", "tp"],
+    "more processes than spawn starts": ["--shape", "2048", "--dims", "dp"],
+    "flag without its value": ["--shape"],
+}
+
+MAIN_CASES = {"no command": [], "unknown command": ["bogus"], "a flag for a command": ["--shape"]}
 
 SHOW_CASES = {
     "superscript shape": ["--shape", "2,\u00b2", "--dims", "a,b"],
@@ -53,25 +72,77 @@ SHOW_CASES = {
 }
 
 
-def _run(command: str, argv: list[str], tmp_path: pathlib.Path, env: dict[str, str] | None = None) -> tuple[int, str]:
+def _run(
+    command: str | None, argv: list[str], tmp_path: pathlib.Path, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    return _run_full(command, argv, tmp_path, env)[:2]
+
+
+def _run_full(
+    command: str | None, argv: list[str], tmp_path: pathlib.Path, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    """The command line in a subprocess: exit status, stderr, stdout (address space capped at 2 GiB)."""
     (tmp_path / "huge.json").write_text('{"tiers": [{"name": "a", "size": null, "bandwidth": 1e400, "latency": 1}]}')
     (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     args = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
     done = subprocess.run(
-        [sys.executable, "-m", "hypergrid", command, *args],
+        [sys.executable, "-m", "hypergrid", *([command] if command else []), *args],
         capture_output=True,
         text=True,
         timeout=60,
         env={**os.environ, **(env or {})},
+        preexec_fn=_cap_memory,
     )
-    return done.returncode, done.stderr
+    return done.returncode, done.stderr, done.stdout
+
+
+def _cap_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
 
 
 def _assert_one_line(code: int, stderr: str, prog: str) -> None:
     assert code == 2, (code, stderr)
     lines = stderr.splitlines()
     assert len(lines) == 1 and "Traceback" not in stderr, stderr
-    assert lines[0].startswith(f"python -m hypergrid {prog}: error: "), stderr
+    assert lines[0].startswith(f"python -m hypergrid{' ' + prog if prog else ''}: error: "), stderr
+
+
+@pytest.mark.parametrize("case", sorted(DEMO_CASES))
+def test_demo_refuses_with_one_line_before_any_process(case: str, tmp_path: pathlib.Path) -> None:
+    code, stderr = _run("demo", DEMO_CASES[case], tmp_path)
+    _assert_one_line(code, stderr, "demo")
+
+
+@pytest.mark.parametrize("case", sorted(MAIN_CASES))
+def test_a_missing_or_unknown_command_is_one_line(case: str, tmp_path: pathlib.Path) -> None:
+    code, stderr, stdout = _run_full(None, MAIN_CASES[case], tmp_path)
+    _assert_one_line(code, stderr, "")
+    assert stdout == "", stdout  # no usage block
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--shape", "2147483647", "--dims", "dp"],
+        ["--shape", "2147483647", "--dims", "dp", "--json"],
+        ["--shape", "2147483647", "--dims", "dp", "--ranks-per-node", "8"],
+        ["--shape", "2147483647", "--dims", "dp", "--communicators"],
+        ["--shape", ",".join(["2"] * 30), "--dims", ",".join(f"d{i}" for i in range(30))],
+        ["--shape", "46340,46340", "--dims", "tp,dp", "--ranks-per-node", "8", "--json"],
+    ],
+    ids=["2**31-1 ranks", "json", "node report", "communicators", "30 dims", "2**31 ranks in 2 dims"],
+)
+def test_show_summarizes_any_legal_grid_in_bounded_memory(argv: list[str], tmp_path: pathlib.Path) -> None:
+    code, stderr, stdout = _run_full("show", argv, tmp_path)
+    assert code == 0 and stderr == "", stderr
+    assert len(stdout) < 1_000_000
+    if "--json" in argv:
+        assert json.loads(stdout)["complete"] is False
+    elif "--communicators" not in argv:
+        assert "..." in stdout, stdout[:500]  # the rank table's rows are summarized
+    if "--ranks-per-node" in argv and "--json" not in argv:
+        assert "left out above" in stdout, stdout[-300:]
 
 
 @pytest.mark.parametrize("case", sorted(PLAN_CASES))

@@ -18,14 +18,27 @@ def test_plan_table_and_json_equal_the_api(tmp_path: pathlib.Path, capsys: pytes
     argv = ["--sizes", "tp=8,dp=16", "--topology", "h100_8x", "--traffic", "tp:all_reduce:64M:200,dp:all_reduce:1G:1"]
     assert main([*argv, "--json", str(out)]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[1].split() == ["#", "order", "(innermost", "first)", "seconds", "tp", "dp"]
+    assert table[0].endswith("seconds of communication per step")
+    assert table[1].split() == ["#", "order", "(innermost", "first)", "seconds", "tp", "(s)", "dp", "(s)"]
     assert table[2].split()[:2] == ["1", "tp,dp"] and table[3].split()[:2] == ["2", "dp,tp"]
+    assert len(table) == 4  # no ties between the two orders
+
     traffic = [Traffic("tp", "all_reduce", 64 * 2**20, 200), Traffic("dp", "all_reduce", 2**30, 1)]
     expected = [p.to_dict() for p in plan({"tp": 8, "dp": 16}, traffic, Topology.preset("h100_8x"))]
     data = json.loads(out.read_text())
     assert data["plans"] == expected
     assert data["sizes"] == {"tp": 8, "dp": 16}
     assert list(data["plans"][0]) == ["order", "shape", "seconds", "families", "split"]
+
+
+def test_plan_names_the_plans_that_tie_and_why(capsys: pytest.CaptureFixture[str]) -> None:
+    # pp carries no traffic: tp,pp,dp and tp,dp,pp place tp and dp alike and cost the same.
+    argv = ["--sizes", "tp=8,pp=4,dp=16", "--traffic", "tp:all_reduce:64M:200,dp:all_reduce:1G:1", "--top", "2"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert {table[2].split()[1], table[3].split()[1]} == {"tp,pp,dp", "tp,dp,pp"}
+    assert table[2].split()[2] == table[3].split()[2]
+    assert table[4].startswith("plans 1, 2 tie at ") and "pp carries no traffic" in table[4], table[4]
 
 
 def test_plan_model_top_split_and_stdout_json(capsys: pytest.CaptureFixture[str]) -> None:

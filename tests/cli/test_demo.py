@@ -25,7 +25,7 @@ def test_demo_checks_every_family(capsys: pytest.CaptureFixture[str]) -> None:
     [
         (["--shape", "2,x"], "--shape must be comma-separated ints, got '2,x'"),
         (["--shape", "2,,2"], "--shape must be a comma-separated list, got '2,,2'"),
-        (["--shape", "2,0,2"], "shape[1] must be a positive int, got 0"),
+        (["--shape", "2,0,2"], "shape[1]=0: expected an int in 1..2147483647"),
         (["--dims", "tp,tp,dp"], "repeats 'tp'"),
         (["--dims", "tp,cp"], "has 2 names but shape has 3 dims"),
     ],

@@ -195,6 +195,7 @@ def _expected(axes: list[str], dims: list[int], rank: int) -> dict[str, Any]:
         "received": pipe[(stage - 1) % stages],
         "stage_to_global": pipe,
         "tensor_group_is_slice": True,
+        "megatron_names": (stage, stages, data),
     }
 
 
@@ -211,3 +212,79 @@ def test_pipeline_parallel_grid_on_8_ranks() -> None:
             expected = _expected(axes, dims, rank)
             got = {key: tuple(value) if isinstance(value, tuple) else value for key, value in run.items()}
             assert {key: got[key] for key in expected} == expected, (rank, axes, dims)
+
+
+# -- the MPU's DeepSpeed contract, and the PipelineModule hook (no DeepSpeed needed) -----------------------------
+
+SEQUENCE_GETTERS = [
+    f"get_sequence{kind}_parallel_{what}" for kind in ("", "_data") for what in ("group", "rank", "world_size")
+]
+
+
+def test_mpu_has_sequence_getters_only_with_sequence_dims() -> None:
+    from hypergrid.compat.mpu import MPU
+
+    plain = MPU(HyperCommGrid([2, 2, 2], ["tp", "pp", "dp"]), create=False)
+    assert [name for name in SEQUENCE_GETTERS if hasattr(plain, name)] == []  # DeepSpeed's hasattr probes fail
+    assert not hasattr(plain, "initialize_sequence_parallel")  # that would make DeepSpeed take it for its own module
+    grid = HyperCommGrid([2, 1, 4, 2], ["tp", "pp", "sp", "dp"])
+    mpu = MPU(grid, create=False)
+    assert all(callable(getattr(mpu, name)) for name in SEQUENCE_GETTERS)
+    assert (mpu.sequence_dims, mpu.sequence_data_dims, mpu.model_dims) == (("sp",), ("dp", "sp"), ("pp", "tp"))
+    assert (mpu.get_sequence_parallel_world_size(), mpu.get_sequence_data_parallel_world_size()) == (4, 8)
+    assert mpu.get_model_parallel_world_size() == 2  # sp holds the same weights: not model parallel
+    renamed = MPU(HyperCommGrid([2, 4, 2], ["tp", "ulysses", "dp"]), pipe=None, sequence="ulysses", create=False)
+    assert renamed.get_sequence_parallel_world_size() == 4 and renamed.model_dims == ("tp",)
+
+
+def test_mpu_slice_and_checkpoint_getters(one_rank_world: None) -> None:
+    from hypergrid.compat.mpu import MPU
+
+    grid = HyperCommGrid([1, 1, 1, 1], ["tp", "pp", "sp", "dp"])
+    mpu = MPU(grid)
+    assert mpu.get_slice_parallel_group() is mpu.get_tensor_model_parallel_group()
+    assert (mpu.get_slice_parallel_rank(), mpu.get_slice_parallel_world_size()) == (0, 1)
+    assert mpu.get_data_parallel_group_ranks() == [0]
+    assert (mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size()) == (0, 1)
+    assert mpu.get_sequence_parallel_rank() == mpu.get_sequence_data_parallel_rank() == 0
+    grid.destroy()
+
+
+class _StandIn:
+    """A stand-in for ``deepspeed.runtime.pipe.module``: its PipelineModule records the grid class it would build."""
+
+    class PipelineParallelGrid:
+        pass
+
+    class PipelineModule:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            import sys
+
+            self.built_with = sys.modules["deepspeed.runtime.pipe.module"].PipelineParallelGrid
+            self.args, self.kwargs = args, kwargs
+
+
+def test_pipeline_module_hook_swaps_the_grid_class_and_restores_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from hypergrid.compat.deepspeed import hypergrid_grid, pipeline_module
+
+    monkeypatch.setitem(sys.modules, "deepspeed.runtime.pipe.module", _StandIn)
+    original = _StandIn.PipelineParallelGrid
+    module = pipeline_module("layers", num_stages=2)
+    assert module.built_with is PipelineParallelGrid and (module.args, module.kwargs) == (
+        ("layers",),
+        {"num_stages": 2},
+    )
+    assert _StandIn.PipelineParallelGrid is original
+
+    class Subclass(_StandIn.PipelineModule):
+        pass
+
+    assert pipeline_module(cls=Subclass).built_with is PipelineParallelGrid
+    with pytest.raises(RuntimeError, match="inside"), hypergrid_grid():
+        assert _StandIn.PipelineParallelGrid is PipelineParallelGrid
+        raise RuntimeError("inside")
+    assert _StandIn.PipelineParallelGrid is original  # restored after an error too
+    with pytest.raises(InvalidArgumentError, match="subclass of DeepSpeed's PipelineModule"):
+        pipeline_module(cls=dict)

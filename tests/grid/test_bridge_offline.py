@@ -17,12 +17,13 @@ def grids() -> tuple[HyperCommGrid, HyperCommGrid]:
 @pytest.mark.parametrize(
     ("kwargs", "text"),
     [
-        ({"dst": "grid"}, r"Bridge: dst must be a HyperCommGrid, got 'grid'"),
-        ({"batch_dim": -1}, r"Bridge: batch_dim must be an int >= 0, got -1"),
-        ({"seq_dim": 0}, r"seq_dim must be None or an int >= 0 other than batch_dim=0, got 0"),
-        ({"batch_dim": 1, "seq_dim": 1}, r"other than batch_dim=1, got 1"),
-        ({"variable_shapes": 1}, r"variable_shapes must be True or False, got 1"),
-        ({"dp": ""}, r"Bridge: dp must be a dim name, got ''"),
+        ({"dst": "grid"}, r"Bridge: dst='grid': expected a HyperCommGrid"),
+        ({"batch_dim": -1}, r"Bridge: batch_dim=-1: expected an int in 0..7"),
+        ({"seq_dim": 0}, r"Bridge: seq_dim=0: expected None or a tensor dim other than batch_dim=0"),
+        ({"batch_dim": 1, "seq_dim": 1}, r"seq_dim=1: expected None or a tensor dim other than batch_dim=1"),
+        ({"variable_shapes": 1}, r"Bridge: variable_shapes=1: expected True or False"),
+        ({"dp": ""}, r"Bridge: dp='': expected a dim name \(an identifier\)"),
+        ({"device": "gpu-7"}, r"Bridge: device='gpu-7': expected None, a torch.device or a device name"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any], text: str) -> None:
@@ -40,7 +41,7 @@ def test_a_batch_the_destination_cannot_cut_is_refused_before_any_communication(
         r"the destination's dp size 3",
     ):
         bridge.send_forward(torch.zeros(2, 5))
-    with pytest.raises(InvalidArgumentError, match=r"send_forward: expected a torch.Tensor, got list"):
+    with pytest.raises(InvalidArgumentError, match=r"send_forward: tensor=\[1.0\]: expected a torch.Tensor"):
         bridge.send_forward([1.0])  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match=r"has no dim 1 \(batch_dim=0, seq_dim=1\)"):
         Bridge(*grids(), seq_dim=1).send_forward(torch.zeros(3))

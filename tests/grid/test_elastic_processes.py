@@ -52,7 +52,9 @@ def _check_survivors(results: list[Any], victims: list[int], shape: list[int], r
 def test_one_death_drops_its_slice(victim: int) -> None:
     results = spawn(elastic.train, 8, (STEPS, [victim], AT, True), timeout_s=120, allow_deaths=True)
     survivors = [r for r in results if not isinstance(r, WorkerDeath)]
-    assert {r["caught"] for r in survivors} == {"RankFailure"} and {r["cause"] for r in survivors} == {"RuntimeError"}
+    assert {r["caught"] for r in survivors} == {"RankFailure"}
+    for r in survivors:  # torch's own error from a collective with the dead rank, or the watcher's news naming it
+        assert r["cause"] == "RuntimeError" or (r["cause"] == "NoneType" and r["named"] == [victim]), r
     partner = victim ^ 1  # the other tp rank of the dead rank's dp slice
     _check_survivors(results, [victim], [2, 3], [partner])
 

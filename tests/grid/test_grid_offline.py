@@ -87,8 +87,8 @@ def test_one_rank_lifecycle() -> None:
     with pytest.raises(KeyError):
         dist.get_process_group_ranks(group)  # torch no longer knows it
     grid.destroy()  # idempotent
-    again = grid.create_pg("tp-dp")
-    assert again is not None and again is not group
+    again = grid.create_pg("tp-dp", group_desc="AGAIN")  # a labelled group of its own, not the default group
+    assert again is not None and again is not group and again is not dist.group.WORLD
     dist.destroy_process_group(again)
     grid.destroy()  # its group was destroyed elsewhere: skipped, no error
 

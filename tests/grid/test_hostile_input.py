@@ -80,6 +80,35 @@ def test_backends_not_built_in_are_a_backend_error(form: str, one_rank_world: No
             HyperCommGrid([1], ["dp"]).create_pg("dp", backend=backend, tag="other")
 
 
+def test_a_backend_is_checked_by_name_and_torch_creates_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Megatron-Core's test_create_pg_with_options pattern: NCCL named on a machine without it, torch's creation
+    # stood in for (no world), options passed through untouched.
+    made: list[tuple[Any, dict[str, Any]]] = []
+    group, options = object(), object()
+    monkeypatch.setenv("WORLD_SIZE", "8")
+
+    def stand_in(rank_enum: Any, **kwargs: Any) -> tuple[Any, None]:
+        made.append((rank_enum, kwargs))
+        return group, None
+
+    monkeypatch.setattr(dist, "new_subgroups_by_enumeration", stand_in)
+    grid = HyperCommGrid([2, 4], ["tp", "dp"], backend="nccl")
+    assert grid.create_pg("tp", pg_options=options, group_desc="TEST_GROUP") is group
+    assert made == [
+        ([[0, 1], [2, 3], [4, 5], [6, 7]], {"backend": "nccl", "pg_options": options, "group_desc": "TEST_GROUP"})
+    ]
+
+
+@pytest.mark.skipif(not UNAVAILABLE, reason="every backend is built in here")
+def test_a_backend_torch_lacks_is_one_line_naming_it_and_the_family(one_rank_world: None) -> None:
+    name = UNAVAILABLE[0]
+    with pytest.raises(BackendError) as error:
+        HyperCommGrid([1], ["dp"], backend=name).create_pg("dp")
+    text = str(error.value)
+    assert "\n" not in text and f"backend {name!r} is not available" in text and "[[0]]" in text, text
+    assert error.value.__cause__ is not None  # torch's own refusal
+
+
 @pytest.mark.parametrize(
     "timeout",
     [datetime.timedelta.max, datetime.timedelta(days=86_000), datetime.timedelta(seconds=MAX_TIMEOUT_S + 1)],

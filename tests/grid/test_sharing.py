@@ -70,8 +70,10 @@ def test_every_family_of_a_size1_grid_at_scale(rank: int) -> None:
         for members in memberships.values():
             assert all(groups[family] is groups[members[0]] for family in members)
         assert len({id(group) for group in groups.values()}) == len(memberships) == 4
-        # enumerate: one new_group per group of each *distinct* family only.
-        assert len(calls) == 32 + 8 + 4 + 1  # single-rank, cp, dp, cp-dp
+        # enumerate: one new_group per group of each *distinct* family only; none for a family of one-rank groups
+        # (each rank makes its own fake-backend group: one call) or one group of the whole world (the default group).
+        assert len(calls) == 1 + 8 + 4 + 0  # single-rank, cp, dp, cp-dp
+        assert grid.get_pg(["cp", "dp"]) is dist.group.WORLD and dist.get_backend(grid.get_pg("tp")) == "fake"
         assert grid.get_pg(["tp", "cp"]) is grid.get_pg("cp") is grid.pg(["ep", "cp", "tp"])
         grid.destroy()
 
@@ -89,7 +91,7 @@ def test_share_groups_false_gives_one_group_per_family(one_rank_world: None) -> 
     grid = HyperCommGrid([1, 1], ["tp", "dp"], share_groups=False)
     groups = [grid.create_pg(family) for family in grid.layout.all_families()]
     assert len({id(group) for group in groups}) == 3 == len(grid.communicators())
-    with pytest.raises(InvalidArgumentError, match="share_groups must be True or False"):
+    with pytest.raises(InvalidArgumentError, match=r"HyperCommGrid: share_groups=.*: expected True or False"):
         HyperCommGrid([1], ["dp"], share_groups=1)  # type: ignore[arg-type]
     grid.destroy()
 
@@ -161,9 +163,11 @@ def test_destroy_releases_each_group_once(one_rank_world: None) -> None:
     assert view.create_pg("edp-ep") is grid.get_pg("tp")  # a view's own family, shared with the grid's
     assert view.pg("dp") is grid.get_pg("dp")  # over the shared dim: the grid's own key
     view.create_pg("ep", tag="x")
-    assert len(c10d._world.pg_names) == before + 3
-    view.destroy()  # its own families only: the tagged one goes, the shared one stays with the grid
+    # In a one-rank world every untagged family is the default group: only the two tagged ones are new groups.
+    assert grid.get_pg("tp") is dist.group.WORLD
     assert len(c10d._world.pg_names) == before + 2
+    view.destroy()  # its own families only: the tagged one goes, the shared one stays with the grid
+    assert len(c10d._world.pg_names) == before + 1
     assert grid.get_pg("tp") is not None and len(grid.communicators()) == 2
     grid.destroy()
     assert len(c10d._world.pg_names) == before
@@ -218,11 +222,19 @@ def test_sharing_benchmark_counts(tmp_path: pathlib.Path) -> None:
         for family in itertools.chain.from_iterable(itertools.combinations(NAMES, n) for n in range(1, 5))
     }
     distinct = set(partitions.values())
+
+    def shared_calls(partition: frozenset[frozenset[int]], per_group: int) -> int:
+        # Shared families need no real communicator when their groups have one rank (each rank makes its own
+        # fake-backend group: one call) or are one group of the whole world (the default group: none).
+        if all(len(group) == 1 for group in partition):
+            return 1
+        return 0 if len(partition) == 1 else per_group
+
     expected = {
         ("enumerate", False): (15, sum(len(p) for p in partitions.values())),
-        ("enumerate", True): (len(distinct), sum(len(p) for p in distinct)),
+        ("enumerate", True): (len(distinct), sum(shared_calls(p, len(p)) for p in distinct)),
         ("local", False): (15, 15),
-        ("local", True): (len(distinct), len(distinct)),
+        ("local", True): (len(distinct), sum(shared_calls(p, 1) for p in distinct)),
     }
     seen = {
         (row["strategy"], row["share_groups"]): (row["distinct_groups_per_rank"], row["new_group_calls_per_rank"])

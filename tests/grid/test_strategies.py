@@ -81,8 +81,7 @@ def test_split_is_refused_on_gloo_with_a_clear_error() -> None:
     grid = HyperCommGrid([1], ["dp"], strategy="split")
     with pytest.raises(BackendError, match=r"'split' needs the default group to be NCCL.*'gloo' without"):
         grid.create_pg("dp")
-    refused = "cannot make 'nccl' groups" if dist.is_nccl_available() else "'nccl' is not available"
-    with pytest.raises(BackendError, match=refused):
+    with pytest.raises(BackendError, match="cannot make 'nccl' groups"):  # the name decides, not this machine
         HyperCommGrid([1], ["dp"], backend="nccl").create_pg("dp", strategy="split")
     assert grid.created_keys == []
 

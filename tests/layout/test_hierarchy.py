@@ -106,8 +106,8 @@ def test_hand_computed_halves() -> None:
         ([6, 4], 8, 0, "steps of 'd1'"),
         ([3], 2, 0, "unevenly"),
         ([8], 8, 4, "starts at rank 4, inside a node of 8 ranks"),
-        ([2, 2], 0, 0, "ranks_per_node must be a positive int, got 0"),
-        ([2, 2], True, 0, "got True"),
+        ([2, 2], 0, 0, "ranks_per_node=0: expected an int in 1..2147483647"),
+        ([2, 2], True, 0, "ranks_per_node=True: expected an int"),
     ],
 )
 def test_uneven_cuts_are_refused(shape: list[int], per_node: int, offset: int, fragment: str) -> None:
@@ -135,8 +135,8 @@ def test_split_names_never_clash_with_the_grid_s() -> None:
     ("within", "across", "error", "fragment"),
     [
         ("node", "node", InvalidArgumentError, "not both"),
-        ("rack", None, InvalidArgumentError, "within must be one of ['node'] or None, got 'rack'"),
-        (None, 4, InvalidArgumentError, "across must be one of ['node'] or None, got 4"),
+        ("rack", None, InvalidArgumentError, "within='rack': expected 'node' (a level's name) or None"),
+        (None, 4, InvalidArgumentError, "across=4: expected 'node' (a level's name) or None"),
     ],
 )
 def test_bad_scopes(within: object, across: object, error: type[Exception], fragment: str) -> None:

@@ -92,3 +92,34 @@ def test_error_class() -> None:
 def test_a_rank_with_another_setting_is_refused_at_creation_on_every_rank() -> None:
     outcomes = spawn(workers.one_rank_checks, WORLD, timeout_s=200)
     assert all(outcome.startswith("DesyncError") and "check_collectives" in outcome for outcome in outcomes), outcomes
+
+
+# -- calls that can never meet: another family, a skipped or an extra call (600 s group timeouts) ----------
+
+#: Seconds within which every rank must raise: a few ticks of hypergrid.ops.deadlocks, far below any timeout.
+NEVER_MEET_BOUND_S = 30
+
+
+@pytest.mark.parametrize("case", workers.NEVER_MEET)
+def test_calls_that_never_meet_raise_a_mismatch_on_every_rank_soon(case: str) -> None:
+    outcomes = spawn(workers.never_meet, WORLD, (case,), timeout_s=240)
+    for rank, outcome in enumerate(outcomes):
+        assert outcome["error"] == "CollectiveMismatchError", (rank, outcome)
+        assert outcome["seconds"] < NEVER_MEET_BOUND_S, (rank, outcome)
+        assert "never meet" in outcome["message"] and "destroy()" in outcome["message"], outcome["message"]
+        assert outcome["after"] == [4.0, 4.0], (rank, outcome)  # after destroy() the grid works again
+
+
+@pytest.mark.parametrize("case", ["average_gradients parameters", "average_gradients buckets", "exchange shapes"])
+def test_average_gradients_and_exchange_are_checked(case: str) -> None:
+    outcomes = spawn(workers.mismatched_arguments, WORLD, (case,), timeout_s=240)
+    raised = [rank for rank, outcome in enumerate(outcomes) if outcome["error"] == "CollectiveMismatchError"]
+    if case.startswith("exchange"):
+        # Stage 3 receives a tensor of another shape than stage 2 sends: every stage of the pipeline raises.
+        assert raised == [0, 1, 2, 3], outcomes
+        assert "recv_prev of stage 3 (rank 3)" in outcomes[0]["message"], outcomes[0]["message"]
+    else:
+        # dp groups are [0, 2] and [1, 3]: rank 3's group raises; the other group's gradients matched.
+        assert raised == [1, 3] and outcomes[0]["error"] is None and outcomes[2]["error"] is None, outcomes
+        assert "average_gradients(" in outcomes[1]["message"], outcomes[1]["message"]
+    assert all(outcome["seconds"] < NEVER_MEET_BOUND_S for outcome in outcomes), outcomes

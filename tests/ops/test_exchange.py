@@ -49,9 +49,9 @@ def test_the_gpipe_example_matches_one_process() -> None:
 @pytest.mark.parametrize(
     ("dim", "kwargs", "error", "text"),
     [
-        ("pp", {"send_next": [1.0]}, InvalidArgumentError, r"exchange: send_next must be a torch.Tensor or None"),
-        ("pp", {"recv_prev": "x"}, InvalidArgumentError, r"recv_prev must be a torch.Tensor or None, got 'x'"),
-        ("pp-tp", {}, DimsError, "exchange takes one dim, got 'pp-tp'"),
+        ("pp", {"send_next": [1.0]}, InvalidArgumentError, r"send_next=\[1.0\]: expected a torch.Tensor"),
+        ("pp", {"recv_prev": "x"}, InvalidArgumentError, r"exchange: recv_prev='x': expected a torch.Tensor or None"),
+        ("pp-tp", {}, DimsError, "exchange: dim='pp-tp': expected one dim name"),
         ("xp", {}, DimsError, "'xp'"),
     ],
 )

@@ -132,3 +132,23 @@ def test_signatures_and_calls_on_the_page_agree_with_the_code(page: pathlib.Path
         if (problem := _problem(name, written, reference and bare))
     ]
     assert not problems, f"{page.relative_to(ROOT)} disagrees with the code:\n" + "\n".join(problems)
+
+
+def test_the_api_page_gives_the_constructors_every_parameter_in_order() -> None:
+    # The constructors are not methods: the heading of their section on the API page is their signature.
+    api = (ROOT / "docs" / "api.md").read_text()
+    for cls in CLASSES.values():
+        heading = re.search(rf"^## `{cls.__name__}\((.*?)\)`", api, re.M)
+        assert heading, f"docs/api.md has no section headed by {cls.__name__}'s signature"
+        written = [part.strip().split("=")[0] for part in heading.group(1).split(",") if part.strip() != "*"]
+        assert written == [p.name for p in _parameters(cls)], f"{cls.__name__}: {written}"
+
+
+def test_the_api_page_lists_every_field_of_regrid() -> None:
+    import dataclasses
+
+    from hypergrid import Regrid
+
+    api = " ".join((ROOT / "docs" / "api.md").read_text().split())
+    missing = [field.name for field in dataclasses.fields(Regrid) if f"`{field.name}`" not in api]
+    assert not missing, f"docs/api.md does not list Regrid's {missing}"

@@ -6,7 +6,9 @@ result); the tests decide what each rank should have seen.
 
 from __future__ import annotations
 
+import datetime
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -119,3 +121,75 @@ def one_rank_checks() -> str:
     finally:
         grid.destroy()
     return "no error"
+
+
+#: Scenarios whose calls can never meet: what rank ``ODD`` does instead of the others' program.
+NEVER_MEET = ("cross-family", "skipped", "extra")
+
+
+def _timed_steps(steps: list[Callable[[], Any]]) -> dict[str, Any]:
+    """Run the steps in order until one raises: which step, what it raised, and the seconds since the start."""
+    start = time.monotonic()
+    for index, step in enumerate(steps):
+        try:
+            step()
+        except HyperGridError as error:
+            return {
+                "step": index,
+                "error": type(error).__name__,
+                "message": str(error),
+                "seconds": time.monotonic() - start,
+            }
+    return {"step": None, "error": None, "seconds": time.monotonic() - start}
+
+
+def never_meet(case: str) -> dict[str, Any]:
+    """One rank's calls can never meet the others' (600 s group timeouts): every rank must raise, soon.
+
+    The program: a step of collectives, then a barrier over every rank. ``cross-family``: rank ``ODD``
+    all-reduces over ``tp`` while the others use ``dp``; ``skipped``: it makes one of two ``dp``
+    all-reduces; ``extra``: it makes three. Then every rank destroys the grid and the grid works again.
+    """
+    rank = dist.get_rank()
+    odd = rank == ODD
+    options = {"timeout": datetime.timedelta(seconds=600)}
+    grid = HyperCommGrid([2, 2], DIMS, check_collectives=True, group_options=options, guard_timeout_s=600)
+    for family in ("tp", "dp", FAMILY):
+        grid.pg(family)
+
+    def reduce(family: str) -> Callable[[], Any]:
+        return lambda: grid.all_reduce(torch.ones(2), family)
+
+    program = {
+        "cross-family": [reduce("tp" if odd else "dp")],
+        "skipped": [reduce("dp")] * (1 if odd else 2),
+        "extra": [reduce("dp")] * (3 if odd else 2),
+    }[case]
+    outcome = _timed_steps([*program, lambda: grid.barrier(FAMILY)])
+    grid.destroy()
+    after = torch.ones(2)
+    grid.all_reduce(after, FAMILY)  # a new epoch: the grid works again
+    outcome["after"] = after.tolist()
+    grid.destroy()
+    return outcome
+
+
+def mismatched_arguments(case: str) -> dict[str, Any]:
+    """average_gradients or exchange with arguments that differ on rank ``ODD``: every rank raises at once."""
+    rank = dist.get_rank()
+    odd = rank == ODD
+    if case.startswith("average_gradients"):
+        grid = HyperCommGrid([2, 2], DIMS, check_collectives=True)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), *([torch.nn.Linear(4, 4)] if odd else []))
+        model(torch.ones(1, 4)).sum().backward()
+        mb = 1e-5 if odd and case.endswith("buckets") else 25
+        if case.endswith("buckets"):
+            model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+            model(torch.ones(1, 4)).sum().backward()
+        outcome = _timed_steps([lambda: grid.average_gradients(model, "dp", bucket_mb=mb)])
+    else:  # exchange along a pipeline of 4 stages: rank ODD receives a tensor of another shape
+        grid = HyperCommGrid([4], ["pp"], check_collectives=True)
+        size = 3 if odd else 2
+        outcome = _timed_steps([lambda: grid.exchange("pp", send_next=torch.ones(2), recv_prev=torch.empty(size))])
+    grid.destroy()
+    return outcome

@@ -80,6 +80,11 @@ def pipeline_grid_scenarios(topologies: list[tuple[list[str], list[int]]]) -> di
             "received": _pass_along_pipe(grid),
             "stage_to_global": [grid.stage_to_global(stage) for stage in range(grid.get_pipe_parallel_world_size())],
             "tensor_group_is_slice": grid.get_tensor_model_parallel_group() is grid.get_slice_parallel_group(),
+            "megatron_names": (
+                grid.get_pipeline_model_parallel_rank(),
+                grid.get_pipeline_model_parallel_world_size(),
+                grid.get_data_parallel_group_ranks(),
+            ),
         }
         out["runs"].append(run)
         grid.grid.destroy()

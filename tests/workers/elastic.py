@@ -119,6 +119,7 @@ def train(
         except RankFailure as failure:
             out["caught"] = type(failure).__name__
             out["cause"] = type(failure.__cause__).__name__
+            out["named"] = list(failure.dead)
             began = time.monotonic()
             regrid = grid.shrink(dead=victims if given else None, policy=policy, timeout_s=shrink_timeout_s)
             out["shrink_s"] = time.monotonic() - began
