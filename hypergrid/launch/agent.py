@@ -283,7 +283,7 @@ class MinHealthyAgent(LocalElasticAgent):
               rank 1: died by signal SIGKILL (pid 11)
               job: 1 of 2 workers failed; --min-healthy 1; restarts used: 0
         """
-        ranks = format_ranks(self.outcomes)
+        ranks = format_ranks(list(self.outcomes))
         lines = [f"summary: {self.verdict or 'ended'}; this node's workers (ranks {ranks}):"]
         for rank, outcome in sorted(self.outcomes.items()):
             lines.append(f"  rank {rank}: {outcome.describe()} (pid {outcome.pid})")

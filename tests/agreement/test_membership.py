@@ -56,8 +56,9 @@ def test_complete_dead_set_agrees_in_o1_ops_and_leaves_no_key(server: Any, world
     )
     assert set(outcomes.values()) == {dead}
     # Constant in the world size: most survivors make 5 operations; the first and the decider a few more
-    # (10 for a lone survivor, which calls the round, decides and deletes every key itself).
-    assert max(ops.values()) <= 10
+    # (10 for a lone survivor, which calls the round, decides and deletes every key itself), plus 2 where torch's
+    # store wait returned early without the key (seen under load: the wait and the read are made once more).
+    assert max(ops.values()) <= 12
     assert len(ops) == 1 or sorted(ops.values())[len(ops) // 2] <= 5
     assert server.num_keys() == before
 
