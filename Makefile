@@ -39,6 +39,7 @@ bench: $(STAMP)
 		--json bench-results/allreduce.json --plot bench-results/allreduce_busbw.png
 	$(BIN)/python benchmarks/creation.py --world 4,8,16 --guard on,off --json bench-results/creation.json
 	$(BIN)/python benchmarks/creation.py --fake --world 1024,16384,65536 --json bench-results/creation_fake.json
+	$(BIN)/python benchmarks/bridge.py --bytes 16M --iters 20 --warmup 3 --json bench-results/bridge.json
 
 # The optional framework tier: torchtitan and DeepSpeed in their own environment (.venv/frameworks), the
 # oracle tests of tests/frameworks (hypergrid's meshes and grids against the frameworks' own) on CPU and gloo.

@@ -5,6 +5,7 @@ The public surface:
 - ``GridLayout`` — the pure layout core (numpy/einops, no torch).
 - ``HyperCommGrid`` — Megatron-Core's API over torch.distributed, with
   groups created lazily, keyed by canonical order.
+- ``Bridge`` — activations and gradients between two grids of different shapes.
 - ``spawn`` — a local multi-process launcher with a hard timeout.
 - the exceptions in ``hypergrid.errors``.
 
@@ -23,12 +24,13 @@ from hypergrid.errors import *  # noqa: F403 - the exceptions are public, listed
 from hypergrid.layout import GridLayout
 
 if TYPE_CHECKING:
-    from hypergrid.grid import HyperCommGrid, Regrid
+    from hypergrid.grid import Bridge, HyperCommGrid, Regrid
     from hypergrid.launch import WorkerDeath, init_from_env, spawn
 
 # The torch binding is imported on first use, so that the pure layout core
 # (``import hypergrid.layout``) works where torch is not installed.
 _LAZY = {
+    "Bridge": "hypergrid.grid",
     "HyperCommGrid": "hypergrid.grid",
     "Regrid": "hypergrid.grid",
     "spawn": "hypergrid.launch",
@@ -45,5 +47,5 @@ def __getattr__(name: str) -> Any:
 
 __version__ = "0.1.0"
 
-__all__ = ["GridLayout", "HyperCommGrid", "Regrid", "spawn", "init_from_env", "WorkerDeath", "__version__"]
+__all__ = ["Bridge", "GridLayout", "HyperCommGrid", "Regrid", "spawn", "init_from_env", "WorkerDeath", "__version__"]
 __all__ += errors.__all__

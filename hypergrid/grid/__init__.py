@@ -5,7 +5,8 @@ orders guarded creation; the facets add getters, views, node awareness,
 DeviceMesh export, shims and shared communicators.
 """
 
+from hypergrid.grid.bridge import Bridge
 from hypergrid.grid.grid import HyperCommGrid, world_size_hint
 from hypergrid.grid.regrid import Regrid
 
-__all__ = ["HyperCommGrid", "Regrid", "world_size_hint"]
+__all__ = ["Bridge", "HyperCommGrid", "Regrid", "world_size_hint"]

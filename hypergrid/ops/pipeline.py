@@ -23,7 +23,17 @@ from hypergrid.ops.checks import tensor_code
 from hypergrid.validation import refuse
 from hypergrid.values import shown
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "run_p2p"]
+
+
+def run_p2p(ops: list[dist.P2POp], what: str) -> None:
+    """Post ``ops`` in one ``batch_isend_irecv`` and wait for all of them; a dead peer raises ``RankFailure``."""
+    if not ops:
+        return
+    check_live(what)
+    with peer_failures(what):
+        requests = dist.batch_isend_irecv(ops)
+    wait_works(requests, what)
 
 
 def _checked(what: str, layout: GridLayout, dim: object, *tensors: torch.Tensor | None) -> dict[str, Any]:
@@ -240,10 +250,4 @@ class Pipeline(GridFacet):
             self._compare_call("exchange", dim, None, aux=codes, pairing=_pairs)
         tensors = _checked(*arguments)
         kept = {name: t for name, t in tensors.items() if t is not None and present[name.split("_")[1]]}
-        ops = self.p2p_ops(dim, **kept)
-        if ops:
-            what = f"exchange along {shown(dim)}"
-            check_live(what)
-            with peer_failures(what):
-                requests = dist.batch_isend_irecv(ops)
-            wait_works(requests, what)
+        run_p2p(self.p2p_ops(dim, **kept), f"exchange along {shown(dim)}")

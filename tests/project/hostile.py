@@ -306,6 +306,14 @@ def entries() -> list[Entry]:
     function("format_ranks", lambda: hypergrid.values.format_ranks, {"ranks": [0, 1]}, skip={"ranks": {"set"}})
     table.append(Entry("HyperCommGrid.to_device_meshes", "to_device_meshes", lambda: grid.to_device_meshes,
                        {"dims_list": [["tp"]], "device_type": "cpu"}))  # fmt: skip
+    bridge_kwargs = {"src": grid, "dst": grid, "batch_dim": 0, "seq_dim": None, "variable_shapes": False, "dp": "dp",
+                     "cp": "cp", "pp": "pp", "device": None}  # fmt: skip
+    function("Bridge", lambda: hypergrid.Bridge, bridge_kwargs)
+    sends = {"send_forward": "tensor", "send_backward": "grad", "send_forward_recv_backward": "tensor",
+             "send_backward_recv_forward": "grad"}  # fmt: skip
+    for call, argument in sends.items():
+        table.append(Entry(f"Bridge.{call}", call, lambda call=call: getattr(hypergrid.Bridge(grid, grid), call),
+                           {argument: x}, {argument: {"tensor"}}))  # fmt: skip
     table += _compat_entries(grid)
     return table
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import allreduce, checked_collectives, creation
+from benchmarks import allreduce, bridge, checked_collectives, creation
 from benchmarks.common import BUS_FACTORS, bandwidths, parse_bytes, size_sweep
 from hypergrid import GridLayout
 
@@ -206,3 +206,21 @@ def test_checked_rows_time_both_grid_calls_in_the_same_run(
     [(family, size, on, off, ratio)] = checked_collectives.checked_summary(records)
     assert (family, size) == ("dp-tp", 1024) and ratio == pytest.approx(on / off)
     assert "checked / unchecked" in capsys.readouterr().out
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(240)
+def test_bridge_tiny_run_counts_bytes_from_both_schedules(tmp_path: pathlib.Path) -> None:
+    json_path = tmp_path / "bridge.json"
+    assert bridge.main(["--bytes", "16K", "--iters", "1", "--warmup", "0", "--json", str(json_path)]) == 0
+    rows = json.loads(json_path.read_text())
+    assert {(r["pair"], r["schedule"]) for r in rows} == {(p, s) for p in bridge.PAIRS for s in ("direct", "leader")}
+    by = {(r["pair"], r["schedule"]): r for r in rows}
+    # tp1 dp4 -> tp2 dp2: 16 rows of 1 KiB; direct: each source rank sends its 4 rows to both tp copies (8 KiB);
+    # leader: each source rank sends its 4 rows once, each destination leader rebroadcasts its 8 rows (8 KiB).
+    assert by[("tp1 dp4 -> tp2 dp2", "direct")]["max_sent_per_rank"] == 8 * 1024
+    assert by[("tp1 dp4 -> tp2 dp2", "direct")]["total_bytes_moved"] == 32 * 1024
+    assert by[("tp1 dp4 -> tp2 dp2", "leader")]["total_bytes_moved"] == 32 * 1024
+    assert by[("tp2 dp2 -> tp1 dp4", "leader")]["max_sent_per_rank"] == 8 * 1024  # a leader sends its whole slice
+    assert by[("tp2 dp2 -> tp1 dp4", "direct")]["max_sent_per_rank"] == 4 * 1024  # each tp copy sends half of it
+    assert all(r["time_ms_median"] > 0 for r in rows)
