@@ -12,12 +12,13 @@ failure API (a dead peer raises ``RankFailure``). See docs/bridge.md.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from hypergrid.agreement.guard import CreationRequest, GuardLedger, agree, grid_ordinal, grid_scope
+from hypergrid.agreement.guard import CreationRequest, GuardLedger, agree, grid_ordinal, grid_scope, settle
 from hypergrid.binding.failures import check_live
 from hypergrid.errors import InvalidArgumentError, RankError
 from hypergrid.grid.grid import HyperCommGrid
@@ -310,7 +311,10 @@ class Bridge:
         )  # fmt: skip
         scope = grid_scope("bridge", self._ordinal, self._epoch, 0, None)
         timeout = min(self.src.guard_timeout_s, self.dst.guard_timeout_s)
-        agree(request, self.participants, scope, timeout, self.src.guard_progress_s, self._ledger)
+        started = time.monotonic()
+        if agree(request, self.participants, scope, timeout, self.src.guard_progress_s, self._ledger):
+            # The commit deletes the round's keys once every participant read the verdict (as a creation's does).
+            settle(f"{scope.prefix}/commit", self.participants, started, timeout, "the bridge", self._ledger)
         self._agreed = True
 
     def _headers(self, call: str, sends: dict[str, Meta], recvs: set[str], device: torch.device) -> dict[str, Meta]:
