@@ -165,7 +165,8 @@ class GuardLedger:
     def __init__(self) -> None:
         self.rounds: dict[str, set[int]] = {}  # failed round's prefix -> its ranks known dead
         self.ranks: set[int] = set()  # ranks whose announcement to delete (besides this rank's)
-        self.commits: dict[str, tuple[str, int]] = {}  # scope family -> its last passed commit's prefix, members
+        self.commits: dict[str, tuple[str, Sequence[int]]] = {}  # scope family -> its last commit's prefix, members
+        self.dead: set[int] = set()  # ranks known dead (``shrink``): they will not release anything
 
     def release(self) -> None:
         """Count this rank out of the recorded rounds, deleting each once its last live participant did so."""
@@ -183,7 +184,8 @@ class GuardLedger:
                 _release_round(store, prefix, dead)
             for family, (prefix, members) in commits.items():
                 last.pop(family, None)
-                if store.add(f"{prefix}/released", 1) >= members:  # the last member to let go deletes it
+                live = sum(1 for member in members if member not in self.dead)
+                if store.add(f"{prefix}/released", 1) >= live:  # the last live member to let go deletes it
                     store.delete_key(f"{prefix}/verdict")
                     store.delete_key(f"{prefix}/released")
             for rank in sorted(ranks | {dist.get_rank()}):
@@ -299,10 +301,10 @@ def settle(
         barrier.run()
     except BarrierFailed as failed:
         raise creation_failed(None, what, prefix, participants, started, timeout_s, ledger, failed.dead) from None
-    _tidy(store, prefix, barrier, len(participants), ledger)
+    _tidy(store, prefix, barrier, participants, ledger)
 
 
-def _tidy(store: Any, prefix: str, barrier: Barrier, members: int, ledger: GuardLedger | None) -> None:
+def _tidy(store: Any, prefix: str, barrier: Barrier, participants: Sequence[int], ledger: GuardLedger | None) -> None:
     """The commit under ``prefix`` passed: delete what nobody reads any more, one key per member at most.
 
     Every member read the round's verdict before it committed, and the previous
@@ -318,11 +320,11 @@ def _tidy(store: Any, prefix: str, barrier: Barrier, members: int, ledger: Guard
     keys = [f"{round_prefix}/roster", f"{round_prefix}/verdict", barrier.count_key]
     if family in last:
         keys.append(f"{last[family]}/verdict")
-    for index in range(barrier.position - 1, len(keys), members):
+    for index in range(barrier.position - 1, len(keys), len(participants)):
         store.delete_key(keys[index])
     last[family] = prefix
     if ledger is not None:
-        ledger.commits[family] = (prefix, members)
+        ledger.commits[family] = (prefix, participants)
 
 
 def creation_failed(

@@ -329,6 +329,8 @@ class Round:
             verdict = self._publish(stuck)
         if verdict.kind != "ok":
             self.store.delete_key(self._count_key)
+        else:
+            self.store.delete_key(self._alive_key)  # this rank marked itself: nobody reads it after an ok
         return self._own(verdict)
 
     def _follow(self) -> Verdict:

@@ -112,6 +112,13 @@ def wait_comparing(work: Watched, what: str, pending: Pending, on_cpu: bool = Tr
                 while not done():
                     check_live(what)
                     watch.look()
+        if work.work.is_completed():
+            try:  # ended: where it failed, a rank that found calls that never meet may have destroyed its grid
+                work.work.wait()
+            except RuntimeError:
+                verdict = _verdict(pending)
+                if verdict is not None:  # that verdict is the news, not a failed world (no roll call for it)
+                    raise _error(verdict) from None
         work.wait()
     except RankFailure as failure:
         # A rank that found the calls could never meet raised, and its groups went with its grid: the
