@@ -45,7 +45,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'hypergrid' has no attribute {name!r}")
 
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["Bridge", "GridLayout", "HyperCommGrid", "Regrid", "spawn", "init_from_env", "WorkerDeath", "__version__"]
 __all__ += errors.__all__
