@@ -92,6 +92,9 @@ class CountingStore:
     def delete_key(self, key: str) -> bool:
         return bool(self._count("delete_key", key))
 
+    def multi_set(self, keys: list[str], values: list[str]) -> None:
+        self._count("multi_set", keys, values)
+
     def multi_get(self, keys: list[str]) -> list[bytes]:
         return list(self._count("multi_get", keys))
 

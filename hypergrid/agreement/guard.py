@@ -53,7 +53,7 @@ from hypergrid.agreement.barrier import Barrier, BarrierFailed
 from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.protocol import Round, grace_s, round_keys
 from hypergrid.agreement.request import CreationRequest, shown_ranks
-from hypergrid.agreement.watcher import current_watcher
+from hypergrid.agreement.world import current_watcher
 from hypergrid.binding.worldstate import PerWorld
 from hypergrid.errors import RankFailure
 

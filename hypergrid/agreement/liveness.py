@@ -66,6 +66,7 @@ __all__ = [
     "end_text",
     "incident_prefix",
     "majority",
+    "wake_key",
 ]
 
 PREFIX = "hypergrid/live"
@@ -114,6 +115,20 @@ def incident_prefix(world: int, number: int) -> str:
         'hypergrid/live/2/0'
     """
     return f"{PREFIX}/{world}/{number}"
+
+
+def wake_key(world: int, rank: int) -> str:
+    """The key ``rank``'s watcher in world ``world`` blocks on: written for it by a call, or by its own close.
+
+    Each watcher waits on a key of its own, so that its rank can wake it alone
+    (to close it before the interpreter exits) without waking the world; a
+    call writes the wake keys of every expected rank in one ``multi_set``.
+
+    Examples:
+        >>> wake_key(0, 3)
+        'hypergrid/live/0/wake/3'
+    """
+    return f"{PREFIX}/{world}/wake/{rank}"
 
 
 def bound_s(ranks: int, liveness_s: float | None = None) -> float:
@@ -201,11 +216,24 @@ class Incident:
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}"
 
-    def call(self, kind: str, text: str) -> str:
-        """Open the incident (unless someone did first); the call in force."""
+    def call(self, kind: str, text: str, wake: Sequence[int] = ()) -> str:
+        """Open the incident (unless someone did first) and wake the watchers of ``wake``; the call in force.
+
+        The rank whose call opened the incident writes the wake keys
+        (`wake_key`) of ``wake`` in one ``multi_set``: one store operation
+        whatever the world's size.
+        """
         mine = f"{kind} {text}"
         current: bytes = self.store.compare_set(self.key("call"), "", mine)
+        if wake and current == mine.encode():
+            self.wake(wake)
         return current.decode()
+
+    def wake(self, ranks: Sequence[int]) -> None:
+        """Write the wake keys of ``ranks`` in this incident's world (one ``multi_set``)."""
+        world = int(self.prefix.rsplit("/", 2)[-2])
+        keys = [wake_key(world, rank) for rank in ranks]
+        self.store.multi_set(keys, [self.prefix] * len(keys))
 
     def answer(self) -> str | None:
         """Answer the roll call for this rank; the call, or None where the world went on without this rank.
@@ -273,6 +301,9 @@ class Incident:
         if self.store.add(self.key("read"), 1) >= readers:
             for name in ("call", "alive", "count", "verdict", "read"):
                 self.store.delete_key(self.key(name))
+            world = int(self.prefix.rsplit("/", 2)[-2])
+            for rank in verdict.dead:  # the dead never delete the wake key the call wrote for them
+                self.store.delete_key(wake_key(world, rank))
 
     def _publish(self, verdict: Verdict) -> Verdict:
         text = verdict.encode()

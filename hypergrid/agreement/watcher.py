@@ -1,11 +1,13 @@
 """Each rank's watcher: one thread, blocked on one store key, that answers for its rank and spreads failure news.
 
-The thread waits on the call key of its world's next incident
-(`hypergrid.agreement.liveness`) on a store connection of its own (a store
-client serves one call at a time, and the main thread's may be blocked); a
-second connection, `Watcher.side`, serves short calls from any thread
-(reports, probes, a barrier failed from outside). When any rank calls the incident, every watcher
-wakes at once, answers the roll call, reads the verdict and acts on it:
+The thread waits on its rank's wake key (`hypergrid.agreement.liveness.wake_key`)
+on a store connection of its own (a store client serves one call at a time,
+and the main thread's may be blocked); `Watcher.side` serves short calls from
+other threads (reports, probes, a barrier failed from outside: the
+`hypergrid.agreement.world.CallStore` of its world). When any rank calls the
+world's next incident, the caller writes every expected rank's wake key in one
+``multi_set``; every watcher wakes at once, answers the roll call, reads the
+verdict and acts on it:
 
 - a failure (or a probe that found dead ranks): `hypergrid.binding.alarm.sound`
   ends every grid wait of its rank with ``RankFailure`` naming the dead, and
@@ -18,21 +20,19 @@ wakes at once, answers the roll call, reads the verdict and acts on it:
 ``probe``, when a wait lasts too long): it opens the current incident and
 returns the verdict. Nothing runs on a healthy step: the thread is blocked in
 one ``wait``, which never times out (torch logs each store wait that does).
-A stopped watcher (its rank left the world) ends when the world's current
-incident is called, or with its process: ``shrink`` wakes the watchers of the
-worlds it leaves with `pulse_end`, which writes the call key and deletes it.
+A stopped watcher ends when its own wake key is written, by its world's
+``close`` (`hypergrid.agreement.world.World.close`): a rank never wakes the
+others to end its own thread.
 
-A watcher starts with the first grid of a world (`ensure_watching`, called by
-``HyperCommGrid``) when the world has more than one rank, a backend other than
-torch's ``fake``, a store that can open a second connection (``Store.clone``)
-and ``HYPERGRID_WATCH`` is not ``0``.
+A watcher belongs to its world (`hypergrid.agreement.world.World`), which starts
+it with the first grid of the world when the world has more than one rank, a
+backend other than torch's ``fake``, a store that can open a second connection
+(``Store.clone``) and ``HYPERGRID_WATCH`` is not ``0``.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import gc
 import logging
 import os
 import threading
@@ -40,16 +40,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch.distributed as dist
-
-from hypergrid.agreement import connections, diagnosis
-from hypergrid.agreement.liveness import END, PROBE, Incident, Verdict, bound_s, end_text, incident_prefix
+from hypergrid.agreement import diagnosis
+from hypergrid.agreement.liveness import END, PROBE, Incident, Verdict, bound_s, end_text, incident_prefix, wake_key
 from hypergrid.binding import alarm
-from hypergrid.binding.failures import abort_world_groups
-from hypergrid.binding.reform import current_epoch
-from hypergrid.binding.worldstate import PerWorld
 
-__all__ = ["Watcher", "current_watcher", "ensure_watching", "watching_enabled"]
+__all__ = ["Verdict", "Watcher", "watching_enabled"]
 
 LOGGER = logging.getLogger("hypergrid")
 
@@ -57,8 +52,6 @@ LOGGER = logging.getLogger("hypergrid")
 SLICE_S = 7 * 24 * 3600.0
 #: How long past the roll call's bound a reporter waits for its watcher's verdict.
 _GRACE_S = 2.0
-
-_worlds = PerWorld()  # the current world's watcher, under "watcher"
 
 
 def watching_enabled() -> bool:
@@ -166,7 +159,11 @@ class Watcher:
                 current = b""
                 if self._answered < number:  # (as in `report`: never into an incident the others finished)
                     try:
-                        current = self.side.compare_set(f"{incident_prefix(self.world, number)}/call", "", text)
+                        current = (
+                            Incident(self.side, incident_prefix(self.world, number), self.rank, ())
+                            .call(END.strip(), text[len(END) :], self.expected)
+                            .encode()
+                        )
                     except RuntimeError:  # the store is gone
                         return
             if current.startswith(END.encode()):
@@ -174,19 +171,6 @@ class Watcher:
             deadline = time.monotonic() + bound_s(len(self.expected), self.liveness_s) + _GRACE_S
             if self._await(number, deadline) is None:  # a probe holds this incident: its verdict, then the next
                 return
-
-    def pulse_end(self) -> None:
-        """This rank left the world with the others (``shrink``): wake the world's stopped watchers, leave no key.
-
-        Writes the call key of the incident they wait on and deletes it at once:
-        a watcher that was stopped ends; one that was not (a rank the others
-        excluded, still waiting) finds the call gone and fences its rank.
-        """
-        self.stop()
-        key, text = f"{incident_prefix(self.world, self.number)}/call", end_text([], 0)
-        with contextlib.suppress(RuntimeError):  # the store is gone: nobody is left to wake
-            if self.side.compare_set(key, "", text) == text.encode():
-                self.side.delete_key(key)
 
     def on_failure(self, callback: Callable[[Verdict], None]) -> None:
         """Run ``callback(verdict)`` (on the watcher's thread) when the world fails; at once if it already did."""
@@ -200,15 +184,22 @@ class Watcher:
     # -- the thread --------------------------------------------------------------
 
     def _run(self) -> None:
+        wake = wake_key(self.world, self.rank)
         try:
             while not self.stopped:
                 prefix = incident_prefix(self.world, self.number)
-                if not diagnosis.wait_for(self.store, f"{prefix}/call", time.monotonic() + self.slice_s):
+                # Delete the wake key, then look for the call, then wait: a call written after the look sets the
+                # wake key again, so none is missed (a wake with no call, e.g. a second caller's, loops once).
+                self.store.delete_key(wake)
+                if not self.store.check([f"{prefix}/call"]):
+                    diagnosis.wait_for(self.store, wake, time.monotonic() + self.slice_s)
                     continue
                 if self.stopped:
                     break
                 if not self._handle(prefix):
                     break
+            with contextlib.suppress(RuntimeError):
+                self.store.delete_key(wake)  # a close's wake (the thread leaves no key behind)
         except RuntimeError as error:  # the store is gone: the job is over (or this rank is cut off)
             if not self.stopped:
                 LOGGER.debug("hypergrid watcher of world %s rank %s stops: %s", self.world, self.rank, error)
@@ -282,7 +273,9 @@ class Watcher:
                 # Called while the watcher has not answered it, the incident cannot be over (its end needs this
                 # rank's answer), so the call never writes into an incident the others finished and deleted.
                 if self._answered < number:
-                    Incident(self.side, incident_prefix(self.world, number), self.rank, ()).call(kind, text)
+                    Incident(self.side, incident_prefix(self.world, number), self.rank, ()).call(
+                        kind, text, self.expected
+                    )
             deadline = time.monotonic() + bound_s(len(self.expected), self.liveness_s) + _GRACE_S
             verdict = self._await(number, deadline)
             if verdict is None:
@@ -309,84 +302,3 @@ class Watcher:
         """The reporter `hypergrid.binding.alarm` calls (a torch failure, a long wait): the dead, or None."""
         verdict = self.report(kind, text)
         return None if verdict is None else verdict.dead
-
-
-def current_watcher() -> Watcher | None:
-    """The current world's watcher on this rank, if one runs."""
-    found: Watcher | None = _worlds.get().get("watcher")
-    return found
-
-
-def start_watcher(world: int, rank: int, size: int, base_store: Any) -> Watcher | None:
-    """A watcher for ``rank`` of world ``world`` of ``size`` ranks over ``base_store``; None where it cannot run."""
-    if size < 2 or not watching_enabled():
-        return None
-    try:
-        store, side = connections.take(base_store, 2)  # prepared in the background: a connect can take seconds
-    except (RuntimeError, AttributeError):  # a store that cannot open a second connection (torch's FakeStore)
-        return None
-    return Watcher(store, side, world, rank, size).start()
-
-
-def adopt(watcher: Watcher | None) -> None:
-    """Make ``watcher`` the current world's (it answers for it, sounds its alarm and fences its rank)."""
-    state = _worlds.get()
-    previous: Watcher | None = state.get("watcher")
-    if previous is not None and previous is not watcher:
-        previous.stop()
-    state["watcher"] = watcher
-    alarm.install(None if watcher is None else watcher.alarm_reporter)
-    if watcher is not None:
-        watcher.on_failure(_world_failed)
-        atexit.register(watcher.leave)
-        _collect_at_exit()
-
-
-def _world_failed(verdict: Verdict) -> None:
-    """The current world failed: end every pending operation of this rank, then every grid wait."""
-    abort_world_groups()
-    alarm.sound(verdict.dead, verdict.text)
-
-
-def _collect_at_exit() -> None:
-    """Collect garbage at interpreter exit, once: before finalization, not during it.
-
-    A failure leaves reference cycles (an exception's frames) that hold torch's
-    communication objects; destroyed during finalization, a gloo work whose
-    peer died can end the process with ``std::terminate`` (seen on a retired
-    rank that exits right after ``shrink``); collected here, they go quietly.
-    """
-    if not _worlds_exit["registered"]:
-        _worlds_exit["registered"] = True
-        atexit.register(gc.collect)
-
-
-_worlds_exit = {"registered": False}
-
-
-def ensure_watching() -> Watcher | None:
-    """Start this rank's watcher for the current world, once (see the module's docstring); it, or None."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    state = _worlds.get()
-    if "watcher" in state:
-        found: Watcher | None = state["watcher"]
-        return found
-    if dist.get_backend() == "fake":
-        state["watcher"] = None
-        return None
-    epoch = current_epoch()
-    watcher = start_watcher(epoch.number, dist.get_rank(), dist.get_world_size(), epoch.base_store)
-    adopt(watcher)
-    return watcher
-
-
-def stop_watching() -> None:
-    """Stop the current world's watcher on this rank (it leaves the world)."""
-    state = _worlds.get()
-    watcher: Watcher | None = state.get("watcher")
-    if watcher is not None:
-        watcher.stop()
-    with contextlib.suppress(KeyError):
-        del state["watcher"]
-    alarm.install(None)

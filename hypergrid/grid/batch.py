@@ -23,7 +23,7 @@ from hypergrid.agreement.guard import (
     guard_failures,
     settle,
 )
-from hypergrid.agreement.watcher import ensure_watching
+from hypergrid.agreement.world import ensure_watching
 from hypergrid.binding import alarm
 from hypergrid.binding.creation import check_can_split, check_strategy, create_family
 from hypergrid.binding.facet import GridFacet
@@ -326,7 +326,7 @@ class GuardedCreation(GridFacet):
         check_live(call)  # a fenced rank, or a world that failed, creates nothing
         world = dist.get_world_size()
         self._check_fits(world)
-        ensure_watching()  # this rank answers the world's roll calls from now on (hypergrid.agreement.watcher)
+        ensure_watching()  # this rank answers the world's roll calls from now on (agreement.world)
         if chosen == "split":
             check_can_split(backend)
         # Only members-only creation needs the caller's own group: skip that O(group) work otherwise.

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from hypergrid.agreement.guard import grid_ordinal
 from hypergrid.agreement.membership import Proposal, call_key, release_key, wait_for_call
-from hypergrid.agreement.watcher import ensure_watching
+from hypergrid.agreement.world import ensure_watching
 from hypergrid.binding import alarm
 from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import abort_groups

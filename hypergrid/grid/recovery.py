@@ -15,14 +15,16 @@ over to `Recovery`:
    family, tag and ``within``/``across`` half on it. A refusal leaves the old
    grid and world as they were, and ``shrink`` may be called again.
 3. **Tear down** the old groups (never waiting on a dead peer).
-4. **Form the new world**, attempt after attempt: a watcher for it first
-   (its ranks answer its roll calls from the start), a barrier where every
+4. **Form the new world**, attempt after attempt: a barrier where every
    member shows up, the default group under the new epoch's store prefix (torch's
    wait bounded by ``timeout_s``), the families re-created (bounded alike), and
-   a commit barrier whose outcome is written once. A death anywhere in an
-   attempt ends it on every member, through the new world's roll call: its
-   verdict names the dead, who join the dead set, and the next attempt forms
-   the next epoch's world from the same old layout. Retired ranks (``"drop"``)
+   a commit barrier whose outcome is written once; once it passes, the old
+   world ends and its watcher's store connection serves the new world's
+   watcher (`hypergrid.agreement.world.World.take_over`: no connection is
+   opened on the way). A death anywhere in an attempt ends it on every
+   member, through the old world's roll call: its verdict names the dead,
+   who join the dead set, and the next attempt forms the next epoch's world
+   from the same old layout. Retired ranks (``"drop"``)
    only ever grow, so a rank retired by one attempt stays retired.
 
 Every failure that cannot be absorbed (no complete replica, a view that no
@@ -45,7 +47,7 @@ from hypergrid.agreement.barrier import Barrier, BarrierFailed
 from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.liveness import FAILURE
 from hypergrid.agreement.membership import MembershipRound, Proposal, round_prefix
-from hypergrid.agreement.watcher import Watcher, adopt, current_watcher, start_watcher
+from hypergrid.agreement.world import WORLDS, World, current_watcher
 from hypergrid.binding import alarm
 from hypergrid.binding.reform import Epoch, reform_world, retire, tear_down
 from hypergrid.binding.registry import PgKey
@@ -91,7 +93,6 @@ class Recovery:
         self.rank = dist.get_rank()
         self.clock = Phases()
         self.attempts = 0
-        self._left: list[Watcher] = []  # the watchers of the worlds this rank left on the way
 
     # -- 1. who is dead ---------------------------------------------------------------
 
@@ -142,7 +143,10 @@ class Recovery:
         start just before its commit, so all of them run once it passes), and
         it ends with the old world (`Watcher.end_world`).
         """
-        grid, old = self.grid, current_watcher()
+        grid, world = self.grid, WORLDS.current()
+        old = None if world is None else world.watcher
+        if world is not None:
+            world.reforming = True  # the teardown of its default group does not close it: its watcher answers on
         if plan.order and self.rank == plan.order[0]:
             store: Any = c10d._get_default_store()
             for dead in plan.dead:  # the dead cannot release their guard announcements themselves
@@ -159,6 +163,8 @@ class Recovery:
                     old.join(max(60.0, 4 * self.timeout_s))  # every rank dead by then (later attempts may add)
                     if old.end_dead is not None:
                         plan = plan_shrink(self.grid.layout, self.world, self.grid.spares, old.end_dead, dim, policy)
+                if world is not None:
+                    world.close(leave=False)
                 return self._regrid(None, None, number, plan, dim)
             try:
                 self._form(plan, successor, families, number, old)
@@ -169,10 +175,8 @@ class Recovery:
                 continue
             if old is not None:
                 old.end_world(plan.dead, self.world)
-            for left in self._left:  # worlds of failed attempts: every watcher there stopped already
-                left.pulse_end()
-            for stopped in ([old] if old is not None else []) + self._left:
-                stopped.join(self.timeout_s)
+                old.join(self.timeout_s)
+            self._watch(world, number, plan.old_to_new[self.rank], len(plan.order))
             return self._regrid(successor, plan.old_to_new[self.rank], number, plan, dim)
 
     def _regrid(self, grid: Any, rank: int | None, number: int, plan: ShrinkPlan, dim: str) -> Regrid:
@@ -190,10 +194,16 @@ class Recovery:
             attempts=self.attempts,
         )
 
-    def _form(
-        self, plan: ShrinkPlan, successor: Any, families: Sequence[Family], number: int, old: Watcher | None
-    ) -> None:
-        """One attempt at world ``number``: ready barrier, default group and its watcher, families, commit.
+    def _watch(self, old: World | None, number: int, rank: int, size: int) -> None:
+        """Adopt the new world ``number``: its watcher on the old world's connection (or a new one without it)."""
+        world = WORLDS.current() or World(number, rank, size, self.epoch.base_store)
+        if old is not None:
+            world.take_over(old)
+        world.start_watching()
+        WORLDS.adopt(world)
+
+    def _form(self, plan: ShrinkPlan, successor: Any, families: Sequence[Family], number: int, old: Any) -> None:
+        """One attempt at world ``number``: ready barrier, default group, families, commit (``old``: the old watcher).
 
         The commit barrier's verdict is the attempt's outcome on every member:
         a member that fails on the way (a dead member found by the old world's
@@ -216,7 +226,6 @@ class Recovery:
                            deadline, what, probe, side)  # fmt: skip
 
         commit = barrier("commit", f"world {number}'s families")
-        watcher = None
         try:
             barrier("ready", f"forming world {number}").run()
             # Survivors in their old order (no spare moved in): a backend that can shrink does it in place (on the
@@ -224,11 +233,10 @@ class Recovery:
             kept = self.attempts == 1 and list(plan.order) == sorted(plan.order)
             excluded = [gone for gone in range(self.world) if gone not in plan.old_to_new] if kept else None
             timeout = self.grid.group_options.get("timeout")
+            # Until the commit passes, the attempt asks the old world's roll call (its watcher answers on); the new
+            # world's watcher starts on the old one's connection once the old world ended (`_watch`).
             reform_world(self.epoch, new_rank, size, timeout, excluded, number, self.timeout_s)
-            # The new world's watcher from now on (the families' creation finds it); every member has one once
-            # the commit passes. Until then the attempt asks the old world's roll call.
-            watcher = start_watcher(number, new_rank, size, self.epoch.base_store)
-            adopt(watcher)
+            WORLDS.register(World(number, new_rank, size, self.epoch.base_store))  # its watcher: `_watch`
             self.clock.lap("world")
             successor._recreate(families, self.timeout_s)
             self.clock.lap("families")
@@ -237,20 +245,10 @@ class Recovery:
                 raise
             said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             dead = getattr(error, "dead", None) or (probe() if probe is not None else [])
-            self._stop(watcher)
             commit.give_up(f"rank {new_rank} could not form world {number}: {said}", dead)
         commit.deadline = time.monotonic() + self.timeout_s
-        try:
-            commit.run()
-        except BarrierFailed:
-            self._stop(watcher)
-            raise
+        commit.run()
         self.clock.lap("commit")
-
-    def _stop(self, watcher: Watcher | None) -> None:
-        if watcher is not None:
-            watcher.stop()
-            self._left.append(watcher)
 
     def _failed(self, failed: BarrierFailed, number: int, plan: ShrinkPlan) -> list[int]:
         """The attempt at world ``number`` failed on every member: the old ranks it found dead."""

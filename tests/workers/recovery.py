@@ -22,6 +22,7 @@ from torch.distributed import distributed_c10d as c10d
 import hypergrid.grid.recovery
 from hypergrid import HyperCommGrid
 from hypergrid.agreement.diagnosis import announce_key
+from hypergrid.agreement.world import WORLDS
 from hypergrid.binding.reform import current_epoch
 from hypergrid.errors import HyperGridError, RankFailure
 
@@ -88,9 +89,12 @@ class KeyRecorder:
 
                 setattr(cls, name, record)
 
-    def left(self) -> list[str]:
-        """The keys written that are still in their store."""
-        return sorted({key for store, key in self.written if store.check([key])})
+    def left(self, base: Any) -> list[str]:
+        """The keys written that are still in their store; ``base`` (the main thread's connection to the job's
+        store) looks up those written through the watcher's own connection, which is blocked in its wait."""
+        world = WORLDS.current()
+        busy = None if world is None else world._link
+        return sorted({key for store, key in self.written if (base if store is busy else store).check([key])})
 
 
 def sigkill_in_a_step(victim: int, steps: int = 3, at: int = 1) -> dict[str, Any]:
@@ -137,7 +141,7 @@ def _left_behind(out: dict[str, Any], keys: KeyRecorder, old_store: Any, base: A
     """Once every survivor destroyed its grid: the hypergrid keys still stored (none may be)."""
     base.wait(["test/done"])
     out["written"] = len({key for _, key in keys.written})
-    out["left"] = keys.left()
+    out["left"] = keys.left(base)
     out["announcements"] = [r for r in range(8) if old_store.check([announce_key(r)])]
     return out
 

@@ -1,0 +1,274 @@
+"""One object per world: the rank's watcher, its one store connection, and an explicit close.
+
+A *world* is one default process group: the job's first, or one that
+``shrink`` formed (its epoch number). `World` owns everything this rank keeps
+for it: the watcher thread (`hypergrid.agreement.watcher`), the one extra
+store connection the watcher blocks on, and a second connection opened only
+when a thread other than the main one must call the store while the main
+thread is blocked on its own (a prober during a slow barrier).
+
+A world closes at the first of (not when its last grid is destroyed: a
+destroy-and-create loop, as Megatron's tests run, would then pay a thread and
+a connection per cycle, and an idle watcher costs nothing):
+
+- ``torch.distributed.destroy_process_group()`` (its default group is
+  released: `World` holds a ``weakref.finalize`` on it);
+- interpreter exit (an ``atexit`` handler, which runs before torch tears its
+  store down);
+- ``shrink``: the survivors' new world takes the watcher's connection over
+  (`World.take_over`), so recovery opens no connection on its critical path.
+
+Closing says the rank left normally (it is not dead), wakes the watcher with
+its own wake key (`hypergrid.agreement.liveness.wake_key`: no other rank is
+woken) and joins the thread, so no hypergrid thread is blocked in the store
+when the process exits: a thread that returns from torch's store client while
+the interpreter finalizes ends the process with ``std::terminate``.
+
+`Worlds`, the registry, is the module's one piece of mutable state
+(``WORLDS``): the world of each live default group on this rank.
+
+Examples:
+    >>> import torch.distributed as dist
+    >>> store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    >>> world = World(0, 0, 2, store)
+    >>> world.watcher is None, world.closed
+    (True, False)
+    >>> world.close(); world.closed
+    True
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import threading
+import weakref
+from typing import Any
+
+import torch.distributed as dist
+
+from hypergrid.agreement.liveness import wake_key
+from hypergrid.agreement.watcher import Verdict, Watcher, watching_enabled
+from hypergrid.binding import alarm
+from hypergrid.binding.failures import abort_world_groups
+from hypergrid.binding.reform import current_epoch
+
+__all__ = ["WORLDS", "World", "Worlds", "current_watcher", "current_world", "ensure_watching"]
+
+#: How long `World.close` waits for the woken watcher thread to end.
+JOIN_S = 5.0
+
+
+class CallStore:
+    """The store a short call uses: the rank's own connection on the main thread, else one opened on first need.
+
+    The main thread's connection (torch's default store) is free whenever the
+    main thread itself calls; a thread that calls while the main thread may be
+    blocked on it (a prober in a slow barrier) gets a connection of its own,
+    opened once and kept until the world closes.
+    """
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+        self._own: Any = None
+        self._lock = threading.Lock()
+
+    def connection(self) -> Any:
+        if threading.current_thread() is threading.main_thread():
+            return self.base
+        with self._lock:
+            if self._own is None:
+                self._own = self.base.clone()
+            return self._own
+
+    @property
+    def opened(self) -> bool:
+        """Whether a connection of its own was opened."""
+        return self._own is not None
+
+    def close(self) -> None:
+        with self._lock:
+            self._own = None  # torch closes the socket with the object
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.connection(), name)
+
+
+class World:
+    """This rank's part in one world: its watcher, the watcher's connection, and `close`.
+
+    Args:
+        number: the world's epoch (0: the job's first world).
+        rank: this rank in it.
+        size: the world's size.
+        base_store: the store of the job's first world (every epoch's keys live there).
+        link: a connection to ``base_store`` for the watcher, handed over from the previous world.
+    """
+
+    def __init__(self, number: int, rank: int, size: int, base_store: Any, link: Any = None) -> None:
+        self.number = number
+        self.rank = rank
+        self.size = size
+        self.base_store = base_store
+        self.calls = CallStore(base_store)
+        self.watcher: Watcher | None = None
+        self.closed = False
+        self.reforming = False  # set by shrink: the default group's teardown does not close this world
+        self._link = link
+
+    def start_watching(self) -> Watcher | None:
+        """Start this rank's watcher (once); None where none can run (one rank, ``HYPERGRID_WATCH=0``, no clone)."""
+        if self.watcher is not None or self.closed:
+            return self.watcher
+        if self.size < 2 or not watching_enabled():
+            return None
+        if self._link is None:
+            try:
+                self._link = self.base_store.clone()
+            except (RuntimeError, AttributeError):  # a store that cannot open a second connection (torch's FakeStore)
+                return None
+        self.watcher = Watcher(self._link, self.calls, self.number, self.rank, self.size).start()
+        return self.watcher
+
+    def hand_over(self) -> Any:
+        """The watcher's connection, for the next world (None if the thread still uses it); this world closes."""
+        link = self._link if self.watcher is None or self.watcher.join(0.0) else None
+        self._link = None
+        self.close(leave=False)
+        return link
+
+    def take_over(self, previous: World) -> None:
+        """Use ``previous``'s watcher connection from now on (``shrink`` formed this world after it); it closes."""
+        if self._link is None and self.watcher is None:
+            self._link = previous.hand_over()
+        else:
+            previous.close(leave=False)
+
+    def close(self, leave: bool = True) -> None:
+        """End this rank's part: say it left normally (``leave``), wake the watcher alone and join it. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        watcher = self.watcher
+        if watcher is not None:
+            if leave:
+                watcher.leave()
+            watcher.stop()
+            if not watcher.join(0.0):
+                with contextlib.suppress(RuntimeError):  # the store is gone: the thread ended on its own
+                    self.calls.set(wake_key(self.number, self.rank), "close")
+                watcher.join(JOIN_S)
+        self._link = None
+        self.calls.close()
+
+
+class Worlds:
+    """The registry: the `World` of each live default group on this rank (held weakly by the group)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._live: dict[int, World] = {}  # id(default group) -> its world; removed when the group is released
+        self._exit_registered = False
+
+    def current(self) -> World | None:
+        """The world of the current default group, if one was made."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        with self._lock:
+            return self._live.get(id(dist.group.WORLD))
+
+    def ensure(self) -> World | None:
+        """The current default group's world, made (its watcher started) on first use; None without a world."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        with self._lock:
+            found = self.current()
+            if found is not None:
+                return found
+            epoch = current_epoch()
+            world = World(epoch.number, dist.get_rank(), dist.get_world_size(), epoch.base_store)
+            if dist.get_backend() != "fake":
+                world.start_watching()
+            self.adopt(world)
+            return world
+
+    def adopt(self, world: World) -> None:
+        """Make ``world`` the current default group's (its watcher answers, sounds the alarm, fences the rank)."""
+        self.register(world)
+        watcher = world.watcher
+        alarm.install(None if watcher is None else watcher.alarm_reporter)
+        if watcher is not None:
+            watcher.on_failure(_world_failed)
+
+    def register(self, world: World) -> None:
+        """Hold ``world`` as the current default group's, until the group is released; the alarm is left as it is."""
+        group: Any = dist.group.WORLD
+        key = id(group)
+        with self._lock:
+            previous = self._live.get(key)
+            if previous is not None and previous is not world:
+                previous.close(leave=False)
+            self._live[key] = world
+            if not self._exit_registered:
+                self._exit_registered = True
+                atexit.register(self.close_all)
+        weakref.finalize(group, self._released, key, world)
+
+    def _released(self, key: int, world: World) -> None:
+        """The default group of ``world`` was released (``destroy_process_group``, or a shrink's teardown)."""
+        with self._lock:
+            if self._live.get(key) is world:
+                del self._live[key]
+        if not world.reforming:
+            world.close()
+            alarm.install(None)
+
+    def close(self, world: World) -> None:
+        """Close ``world`` now (its last grid was destroyed) and forget it."""
+        with self._lock:
+            for key, held in list(self._live.items()):
+                if held is world:
+                    del self._live[key]
+        world.close()
+        alarm.install(None)
+
+    def close_all(self) -> None:
+        """Close every world (interpreter exit), after collecting the garbage a failure left.
+
+        A failure leaves reference cycles (an exception's frames) that hold
+        torch's communication objects; destroyed during finalization, a gloo
+        work whose peer died can end the process with ``std::terminate``.
+        """
+        with self._lock:
+            worlds, self._live = list(self._live.values()), {}
+        for world in worlds:
+            world.close()
+        gc.collect()
+
+
+#: The registry of worlds on this rank (the one module-level mutable state of the failure machinery).
+WORLDS = Worlds()
+
+
+def _world_failed(verdict: Verdict) -> None:
+    """The current world failed: end every pending operation of this rank, then every grid wait."""
+    abort_world_groups()
+    alarm.sound(verdict.dead, verdict.text)
+
+
+def current_world() -> World | None:
+    """The current default group's world on this rank, if one was made."""
+    return WORLDS.current()
+
+
+def current_watcher() -> Watcher | None:
+    """The current world's watcher on this rank, if one runs."""
+    world = WORLDS.current()
+    return None if world is None else world.watcher
+
+
+def ensure_watching() -> Watcher | None:
+    """Start this rank's watcher for the current world, once; it, or None (see `Worlds.ensure`)."""
+    world = WORLDS.ensure()
+    return None if world is None else world.watcher
