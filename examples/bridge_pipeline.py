@@ -8,8 +8,10 @@ whose output features are split over ``tp`` (2 per rank), each ``dp`` replica
 on half of the batch. Megatron-Core's ``BridgeCommunicator`` refuses this pair
 (dp 3 and dp 2 do not divide one another); the bridge sends each decoder rank
 its 6 rows straight from the two encoder ranks that hold them, and each encoder
-rank its gradient rows back. Both parts average their gradients over ``dp``
-and take ``--steps`` SGD steps. Rank 0 compares the trained weights with the
+rank its gradient rows back. Each replica's loss is its share of the global
+loss (its rows' squared errors over the global batch), so both parts sum their
+gradients over ``dp``, whatever the two dp sizes (docs/bridge.md's gradient
+rule), and take ``--steps`` SGD steps. Rank 0 compares the trained weights with the
 same model trained in one process and prints the result; the exit code is 1
 if they differ.
 """

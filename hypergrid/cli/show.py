@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from hypergrid.cli.arguments import OneLineParser, parse_int
-from hypergrid.errors import GridSpecError, HyperGridError, InvalidArgumentError
+from hypergrid.errors import HyperGridError, InvalidArgumentError, name_the_call
 from hypergrid.layout import GridLayout
 from hypergrid.layout.economy import plan_communicators
 from hypergrid.values import shown
@@ -75,10 +75,12 @@ def parse_grid_arguments(shape_text: str, dims_text: str, offset: int = 0) -> Gr
         shape = [parse_int(size, "--shape") for size in sizes]
     except InvalidArgumentError:
         raise InvalidArgumentError(f"--shape must be comma-separated ints, got {shown(shape_text)}") from None
+    dims = _parse_list(dims_text, "--dims")
     try:
-        return GridLayout(shape, _parse_list(dims_text, "--dims"), offset)
-    except GridSpecError as error:  # say it in the words the user typed
-        raise GridSpecError(f"--shape {shown(shape_text)} --dims {shown(dims_text)}: {error}") from None
+        return GridLayout(shape, dims, offset)
+    except HyperGridError as error:  # say it in the words the user typed, not the class the CLI called
+        name_the_call(error, f"--shape {shown(shape_text)} --dims {shown(dims_text)}")
+        raise
 
 
 def _clip(items: list[Any], limit: int) -> list[Any]:
@@ -292,6 +294,25 @@ def render(data: dict[str, Any], limit: int) -> str:
     return "\n".join(lines)
 
 
+def _family(layout: GridLayout, text: str) -> tuple[str, ...]:
+    """``--family``'s dims in canonical order; an error names the flag and the value the user gave.
+
+    Examples:
+        >>> _family(GridLayout([2, 2], ["tp", "dp"]), "tp,dp")
+        ('dp', 'tp')
+        >>> _family(GridLayout([2, 2], ["tp", "dp"]), "dpp")
+        Traceback (most recent call last):
+          ...
+        hypergrid.errors.DimsError: --family 'dpp': unknown dim 'dpp' in dims 'dpp'; valid dims are ['tp', 'dp']
+    """
+    dims = _parse_list(text, "--family") if "," in text else text
+    try:
+        return layout.canonical_dims(dims)
+    except HyperGridError as error:
+        name_the_call(error, f"--family {shown(text)}")
+        raise
+
+
 def show(argv: Sequence[str] | None = None) -> int:
     """Run ``show``; exit status 0, or 2 with a friendly message for bad arguments."""
     parser = OneLineParser(prog="python -m hypergrid show", description=__doc__.splitlines()[0])
@@ -315,8 +336,7 @@ def show(argv: Sequence[str] | None = None) -> int:
         if args.family is None:
             families, total = first_families(layout), 2**layout.ndim - 1
         else:
-            dims = _parse_list(args.family, "--family") if "," in args.family else args.family
-            families, total = [layout.canonical_dims(dims)], 1
+            families, total = [_family(layout, args.family)], 1
         if args.communicators:  # the communicator economy instead of the layout report
             plan = plan_communicators(layout, families)
             cut = f"\n(planned for the first {len(families)} of {total:,} families; give --family to plan one)"

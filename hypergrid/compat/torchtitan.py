@@ -9,7 +9,11 @@ on every rank, one root mesh, each family's group created once and shared::
 
     parallel_dims = ParallelDims.from_config(config.parallelism, world_size)
     hypergrid.compat.torchtitan.build_mesh(parallel_dims)   # instead of parallel_dims.build_mesh()
-    parallel_dims.get_mesh("fsdp")                           # torchtitan's accessors, hypergrid's meshes
+    parallel_dims.get_mesh(["dp_replicate", "dp_shard"])     # torchtitan's accessors, hypergrid's meshes
+
+(HSDP's mesh for ``fully_shard`` under the default ``spmd_backend="spmd_types"``
+and ``full_dtensor``; ``["dp_replicate", "fsdp"]`` under ``partial_dtensor``:
+docs/migrate/torchtitan.md has the table.)
 
 ``TitanMeshes`` computes the meshes without torchtitan installed; ``build_mesh``
 puts them in a ``ParallelDims`` (the fields torchtitan 0.3's accessors read),

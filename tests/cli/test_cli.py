@@ -98,6 +98,36 @@ def test_show_bad_arguments_are_friendly(argv: list[str], text: str, capsys: pyt
     assert "error:" in err and text in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--family", "dpp"], "--family 'dpp': unknown dim 'dpp'"),
+        (["--family", "dp,dp"], "--family 'dp,dp': "),
+        (["--family", "tp--dp"], "--family 'tp--dp': "),
+        (["--family", ""], "--family '': "),
+        (["--family", "dp,"], "--family must be"),
+        (["--dims", "tp,cp"], "--shape '2,2,2' --dims 'tp,cp': "),
+        (["--dims", "tp,tp,dp"], "--shape '2,2,2' --dims 'tp,tp,dp': "),
+        (["--dims", "tp,cp,dp-x"], "--shape '2,2,2' --dims 'tp,cp,dp-x': "),
+        (["--shape", "0,2,2"], "--shape '0,2,2' --dims 'tp,cp,dp': "),
+        (["--offset", "x"], "--offset must be"),
+        (["--limit", "1"], "--limit must be"),
+        (["--ranks-per-node", "0"], "--ranks-per-node must be"),
+    ],
+)
+def test_show_errors_name_the_flag_not_an_internal_call(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = {"--shape": "2,2,2", "--dims": "tp,cp,dp"}
+    args.update(zip(argv[::2], argv[1::2]))
+    with pytest.raises(SystemExit):
+        show([item for pair in args.items() for item in pair])
+    message = capsys.readouterr().err.split("error: ", 1)[1]
+    assert message.startswith(flag), message
+    for internal in ("canonical_dims", "dim_indices", "GridLayout", "parse_"):
+        assert internal not in message, message
+
+
 cli_text = st.text(alphabet="0123456789,-tpdcx _", max_size=10)
 
 
