@@ -17,6 +17,9 @@ parent:
 
 A parent that died before the worker could tie itself is caught too: the
 worker checks its parent's pid after setting the signal and exits at once.
+The kernel sends the signal when the *thread* that started the worker ends:
+torchelastic's agent and ``spawn`` start their workers from the thread that
+then waits for them.
 This file imports nothing of hypergrid's, and nothing outside the standard
 library: the launcher runs it by path, before the worker's interpreter starts.
 """
