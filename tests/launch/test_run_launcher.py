@@ -310,3 +310,15 @@ def _ended(pid: int) -> bool:
         return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except OSError:
         return True
+
+
+def test_two_shrinks_account_for_both_deaths_in_the_launchers_ranks() -> None:
+    """Rank 1 dies, the survivors shrink (ranks move down); rank 4 (that world's rank 3) dies, they shrink again."""
+    code, err, summary = _ending("twice", 6)
+    assert code == 0, err[-3000:]
+    assert (
+        "summary: succeeded: 4 of 6 workers finished; rank 1 died by signal SIGKILL and was shrunk away; "
+        "rank 4 died by signal SIGKILL and was shrunk away"
+    ) in err
+    assert summary[1].startswith("died by signal SIGKILL; shrunk away") and summary[4].startswith("died by signal")
+    assert all(summary[r].startswith("exited 0") for r in (0, 2, 3, 5)), summary
