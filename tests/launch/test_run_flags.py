@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from torch.distributed.run import get_args_parser
 
 from hypergrid.errors import InvalidArgumentError
@@ -173,3 +174,12 @@ def test_the_real_command_prints_one_line_and_no_traceback() -> None:
         assert done.returncode == 2, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
         assert argv[0] in done.stderr and argv[1] in done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, 'gpu' counts the GPUs")
+def test_gpu_without_cuda_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--standalone", "--nproc-per-node", "gpu", SCRIPT]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: hypergrid.run: --nproc-per-node 'gpu'; "
+        "expected a positive int ('gpu' needs CUDA, which is not available)"
+    )
