@@ -39,7 +39,7 @@ __all__ = ["die_with_parent", "main", "tie_to_parent", "wrap"]
 _PR_SET_PDEATHSIG = 1
 #: How often the watchdog (where the kernel cannot do it) looks for its parent.
 WATCH_INTERVAL_S = 0.2
-#: The exit code of a worker whose parent was gone before it started.
+#: The exit code of a worker whose parent was gone before it started (as if the parent-death signal had come).
 ORPHANED = 128 + signal.SIGKILL
 
 
@@ -133,11 +133,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: orphans.py [--watch] PARENT_PID COMMAND...", file=sys.stderr)
         return 2
     parent, command = int(args[0]), args[1:]
-    if not watch and die_with_parent(parent):
-        os.execvp(command[0], command)
-    if os.getppid() != parent:
-        return ORPHANED
-    return _watch(parent, command)
+    try:
+        if not watch and die_with_parent(parent):
+            os.execvp(command[0], command)
+        if os.getppid() != parent:
+            return ORPHANED
+        return _watch(parent, command)
+    except OSError as error:  # no such program, not executable: the shell's codes, one line
+        print(f"hypergrid.run: cannot run {command[0]!r}: {error.strerror}", file=sys.stderr)
+        return 127 if isinstance(error, FileNotFoundError) else 126
 
 
 if __name__ == "__main__":

@@ -105,3 +105,13 @@ def test_spawns_workers_end_when_the_spawning_parent_is_sigkilled(tmp_path: path
         for pid in workers:
             if not gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("watch", [False, True], ids=["exec", "watchdog"])
+def test_a_program_that_does_not_exist_is_one_line(watch: bool) -> None:
+    wrapped = orphans.wrap(["no-such-program-hypergrid", "--flag"])
+    done = subprocess.run(
+        [*wrapped[:3], *(["--watch"] if watch else []), *wrapped[3:]], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 127
+    assert done.stderr.strip() == "hypergrid.run: cannot run 'no-such-program-hypergrid': No such file or directory"
