@@ -27,6 +27,7 @@ from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, untagged
 from hypergrid.errors import GridSpecError, GridTooLargeError, RankError
 from hypergrid.grid.recovery import Family, Recovery, families_digest
 from hypergrid.grid.regrid import Regrid
+from hypergrid.launch.ledger import record_shrink
 from hypergrid.layout import KEY_SEPARATOR, MAX_WORLD_SIZE
 from hypergrid.layout.shrink import ShrinkPlan, check_policy
 from hypergrid.validation import check_int, check_ints
@@ -203,6 +204,7 @@ class Elastic(GridFacet):
         dead = recovery.agree(proposal)
         plan, successor = recovery.plan(dead, proposal.policy, proposal.dim, families)
         regrid: Regrid = recovery.carry_on(plan, successor, families, proposal.policy, proposal.dim)
+        record_shrink(recovery.epoch.number, regrid.epoch, regrid.rank, regrid.old_to_new, regrid.dead)  # hypergrid.run
         return regrid
 
     def _successor(self, plan: ShrinkPlan) -> Any:

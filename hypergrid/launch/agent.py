@@ -16,7 +16,10 @@ hosted by the agents, logs, restarts), with three methods replaced:
   to torchrun's behaviour (restart every worker while ``max_restarts`` allows,
   else stop them and fail);
 - the exit barrier waits for every agent whose workers still run (or for a
-  verdict), so the agent hosting the store outlives every worker.
+  verdict), so the agent hosting the store outlives every worker; then the
+  run is judged (``hypergrid.launch.outcomes``): it succeeded only when every
+  worker that did not finish was excluded by a shrink (the workers say so in
+  the round's ledger, ``hypergrid.launch.ledger``, named in their environment).
 
 A node that joins later (``--nnodes MIN:MAX``) waits for the next restart: a
 healthy job is never restarted to grow (torchrun restarts it).
@@ -24,12 +27,14 @@ healthy job is never restarted to grow (torchrun restarts it).
 
 from __future__ import annotations
 
-import signal
+import dataclasses
+import datetime
+import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, cast
 
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import LogsSpecs
@@ -37,67 +42,20 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.launch.health import HealthRound
+from hypergrid.launch.ledger import LEDGER_ENV, agree_ledger, parse_ranks, raised, read_shrunk
+from hypergrid.launch.outcomes import WorkerOutcome, judge
 from hypergrid.values import format_ranks
 
 __all__ = ["MinHealthyAgent", "WorkerOutcome", "report"]
 
 PREFIX = "hypergrid.run: "
+# How long the agent waits to reach the workers' store to read the ledger.
+_LEDGER_TIMEOUT = datetime.timedelta(seconds=30)
 
 
 def report(message: str) -> None:
     """One line of the launcher's own, on stderr (the workers' output keeps stdout)."""
     print(PREFIX + message, file=sys.stderr, flush=True)
-
-
-@dataclass(frozen=True)
-class WorkerOutcome:
-    """How one worker ended.
-
-    Attributes:
-        rank: its global rank.
-        local_rank: its rank on this node.
-        pid: its process id.
-        exitcode: its exit code (negative: the signal that ended it); None if it
-            could not be read (still running when the launcher gave up on it).
-        stopped: the launcher stopped it (the job fell below the minimum, or the
-            launcher itself was signalled).
-
-    Examples:
-        >>> WorkerOutcome(3, 3, 4242, -9).describe()
-        'died by signal SIGKILL'
-        >>> WorkerOutcome(1, 1, 4240, -15, stopped=True).describe()
-        'stopped by the launcher (signal SIGTERM)'
-    """
-
-    rank: int
-    local_rank: int
-    pid: int
-    exitcode: int | None
-    stopped: bool = False
-
-    @property
-    def failed(self) -> bool:
-        """It ended by itself, not with exit code 0."""
-        return not self.stopped and self.exitcode != 0
-
-    def _how(self) -> str:
-        if self.exitcode is None:
-            return "exit code unknown"
-        if self.exitcode < 0:
-            try:
-                return f"signal {signal.Signals(-self.exitcode).name}"
-            except ValueError:
-                return f"signal {-self.exitcode}"
-        return f"exit code {self.exitcode}"
-
-    def describe(self) -> str:
-        """``exited 0``, ``died by signal SIGKILL``, ``died with exit code 3`` or ``stopped by the launcher (...)``."""
-        if self.stopped:
-            return f"stopped by the launcher ({self._how()})"
-        if self.exitcode == 0:
-            return "exited 0"
-        how = self._how()
-        return f"died by {how}" if how.startswith("signal") else f"died with {how}"
 
 
 class MinHealthyAgent(LocalElasticAgent):
@@ -150,6 +108,14 @@ class MinHealthyAgent(LocalElasticAgent):
         self.job_workers = 0  # the job's number of workers (the last rendezvous)
         self.verdict = ""  # why the run ended as it did, for the summary
         self.health: HealthRound | None = None
+        self.ledger = ""  # the round's ledger prefix (hypergrid.launch.ledger), named in the workers' environment
+
+    def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+        """torchelastic's start, with the round's ledger named in the workers' environment (they inherit ours)."""
+        self.ledger = agree_ledger(worker_group.store, self.restarts_used)
+        os.environ[LEDGER_ENV] = self.ledger
+        started: dict[int, Any] = super()._start_workers(worker_group)
+        return started
 
     # -- one round: the workers of one rendezvous --------------------------------
 
@@ -173,6 +139,10 @@ class MinHealthyAgent(LocalElasticAgent):
         handlers: dict[int, Any] = pcontext.subprocess_handlers if pcontext is not None else {}
         return handlers
 
+    def _error_files(self) -> dict[int, str]:
+        files: dict[int, str] = getattr(self._pcontext, "error_files", None) or {}
+        return files
+
     def _exits(self, stopped: bool = False) -> list[WorkerOutcome]:
         """The workers seen exited since the last call (all the rest, read after a stop, when ``stopped``)."""
         found = []
@@ -183,7 +153,8 @@ class MinHealthyAgent(LocalElasticAgent):
             exitcode = handler.proc.poll()
             if exitcode is None and not stopped:
                 continue
-            outcome = WorkerOutcome(worker.global_rank, local_rank, handler.proc.pid, exitcode, stopped)
+            said = raised(self._error_files().get(local_rank, "")) if exitcode and exitcode > 0 else None
+            outcome = WorkerOutcome(worker.global_rank, local_rank, handler.proc.pid, exitcode, stopped, said)
             self.outcomes[outcome.rank] = outcome
             found.append(outcome)
         return found
@@ -208,15 +179,47 @@ class MinHealthyAgent(LocalElasticAgent):
             return "below"
         return "done" if len(self.outcomes) == len(self._worker_group.workers) else "running"
 
+    def _read_ledger(self) -> str:
+        """The ledger's list of the ranks shrinks excluded, from the workers' store (hosted by node 0's agent)."""
+        group = self._worker_group
+        address, port = str(group.master_addr), int(cast(int, group.master_port))  # set by the rendezvous
+        client = TCPStore(address, port, is_master=False, timeout=_LEDGER_TIMEOUT)
+        return read_shrunk(client, self.ledger)
+
+    def _judge(self, barrier: str) -> WorkerState:
+        """Every worker of the job has exited: mark the deaths a shrink accounted for, and give the verdict."""
+        health = self.health
+        assert health is not None
+        try:
+            listed = health.shrunk() if barrier == "done" else self._read_ledger()
+        except Exception as error:  # no store, no proof: every death counts as unaccounted
+            report(f"could not read which deaths a shrink accounted for ({type(error).__name__}: {error})")
+            listed = ""
+        health.leave()
+        for rank in parse_ranks(listed) & set(self.outcomes):
+            if self.outcomes[rank].failed:
+                self.outcomes[rank] = dataclasses.replace(self.outcomes[rank], shrunk=True)
+        succeeded, self.verdict = judge(self.outcomes.values())
+        return WorkerState.SUCCEEDED if succeeded else WorkerState.FAILED
+
+    def _count_job(self) -> None:
+        """The job-wide failure count, as the store holds it (the last count seen, where the store is gone)."""
+        local = sum(1 for outcome in self.outcomes.values() if outcome.failed)
+        if self.health is None:
+            self.job_failed = max(self.job_failed, local)
+            return
+        try:
+            self.job_failed = int(self.health.store.add(self.health.prefix + "failed", 0))
+        except Exception:  # the store may be gone with a failed job
+            self.job_failed = self.health.failed
+        self.job_failed = max(self.job_failed, local)
+
     def _result(self, state: WorkerState) -> RunResult:
         self._worker_group.state = state
         if self.health is not None:
             self.health.stop_watching()
-            try:
-                self.job_failed = int(self.health.store.add(self.health.prefix + "failed", 0))
-            except Exception:  # the store may be gone with a failed job; the last count stands
-                self.job_failed = self.health.failed
-        error_files = getattr(self._pcontext, "error_files", {})
+        self._count_job()
+        error_files = self._error_files()
         failures = {
             rank: ProcessFailure(o.local_rank, o.pid, o.exitcode or 1, error_files.get(o.local_rank, ""))
             for rank, o in self.outcomes.items()
@@ -240,15 +243,14 @@ class MinHealthyAgent(LocalElasticAgent):
             health = self.health
             assert health is not None
             if state == "done":
-                barrier = health.exit_barrier(self.exit_barrier_timeout_s)
+                barrier = health.exit_barrier(self.exit_barrier_timeout_s, self._read_ledger)
                 if barrier == "timeout":
                     report(
                         f"the other agents' workers did not finish within {self.exit_barrier_timeout_s:g} s "
                         "(--exit-barrier-timeout) after this node's; exiting anyway"
                     )
                 if barrier != "verdict":
-                    self.verdict = "succeeded"
-                    return self._result(WorkerState.SUCCEEDED)
+                    return self._result(self._judge(barrier))
             below = f"the job fell below --min-healthy {self.min_healthy} ({health.verdict})"
             if self._remaining_restarts > 0:
                 self._remaining_restarts -= 1
@@ -268,25 +270,28 @@ class MinHealthyAgent(LocalElasticAgent):
         self.verdict = verdict
         if self._pcontext is not None and self._worker_group.workers and self._worker_group.store is not None:
             self._exits(stopped=True)
+        self._count_job()  # the summary counts the failures it lists
 
     def summary(self) -> str:
         """What became of this node's workers, and the job-wide count, as the launcher prints it on exit.
 
         Examples:
             >>> agent = object.__new__(MinHealthyAgent)  # a finished agent, without starting one
-            >>> agent.outcomes = {0: WorkerOutcome(0, 0, 10, 0), 1: WorkerOutcome(1, 1, 11, -9)}
-            >>> agent.verdict, agent.job_failed, agent.job_workers = "succeeded", 1, 2
-            >>> agent.min_healthy, agent.restarts_used = 1, 0
+            >>> agent.outcomes = {0: WorkerOutcome(0, 0, 10, 0), 1: WorkerOutcome(1, 1, 11, -9, shrunk=True)}
+            >>> agent.verdict = judge(agent.outcomes.values())[1]
+            >>> agent.job_failed, agent.job_workers, agent.min_healthy, agent.restarts_used = 1, 2, 1, 0
             >>> print(agent.summary())
-            summary: succeeded; this node's workers (ranks 0-1):
+            summary: succeeded: 1 of 2 workers finished; rank 1 died by signal SIGKILL and was shrunk away
+              this node's workers (ranks 0-1):
               rank 0: exited 0 (pid 10)
-              rank 1: died by signal SIGKILL (pid 11)
+              rank 1: died by signal SIGKILL; shrunk away (pid 11)
               job: 1 of 2 workers failed; --min-healthy 1; restarts used: 0
         """
         ranks = format_ranks(list(self.outcomes))
-        lines = [f"summary: {self.verdict or 'ended'}; this node's workers (ranks {ranks}):"]
+        lines = [f"summary: {self.verdict or 'ended'}", f"  this node's workers (ranks {ranks}):"]
         for rank, outcome in sorted(self.outcomes.items()):
-            lines.append(f"  rank {rank}: {outcome.describe()} (pid {outcome.pid})")
+            shrunk = "; shrunk away" if outcome.shrunk else ""
+            lines.append(f"  rank {rank}: {outcome.describe()}{shrunk} (pid {outcome.pid})")
         lines.append(
             f"  job: {self.job_failed} of {self.job_workers} workers failed; --min-healthy {self.min_healthy}; "
             f"restarts used: {self.restarts_used}"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from torch.distributed import DistStoreError
@@ -133,12 +134,45 @@ class HealthRound:
         self._watcher.join(join_s)
         return not self._watcher.is_alive()
 
-    def exit_barrier(self, timeout_s: float) -> str:
-        """Wait until every agent's workers have exited, or a verdict; ``"done"``, ``"verdict"`` or ``"timeout"``."""
+    def exit_barrier(self, timeout_s: float, read_shrunk: Callable[[], str] | None = None) -> str:
+        """Wait until every agent's workers have exited, or a verdict; ``"done"``, ``"verdict"`` or ``"timeout"``.
+
+        ``read_shrunk``: called by the last agent to arrive (every worker of the job
+        has exited then, and every agent still waits) when any worker failed; what it
+        returns (the ledger's list of ranks that shrinks excluded) reaches every agent
+        through ``shrunk``.
+        """
         if self.store.add(self._key("arrived"), 1) >= self.agents:
+            if read_shrunk is not None and int(self.store.add(self._key("failed"), 0)) > 0:
+                try:
+                    listed = read_shrunk()
+                except Exception:  # unread: every death counts as unaccounted
+                    listed = ""
+                self.store.set(self._key("shrunk"), listed)
             self.store.set(self._key("done"), "all")
         try:
             self.store.wait([self._key("done")], datetime.timedelta(seconds=timeout_s))
         except DistStoreError:
             return "timeout"
         return "verdict" if self._settle(self.store) else "done"
+
+    def shrunk(self) -> str:
+        """After an exit barrier that ended ``"done"``: the list the last agent read (``""``: none, or unread)."""
+        key = self._key("shrunk")
+        return self.store.get(key).decode() if self.store.check([key]) else ""
+
+    def leave(self, timeout_s: float = 10.0) -> None:
+        """Wait (at most ``timeout_s``) until every agent has read what the barrier handed out, before exiting.
+
+        An agent may host the store the others still read; nothing is lost
+        when it cannot be reached any more (the others are done with it).
+        """
+        if self.agents < 2:
+            return
+        try:
+            if self.store.add(self._key("left"), 1) >= self.agents:
+                self.store.set(self._key("gone"), "all")
+                return
+            self.store.wait([self._key("gone")], datetime.timedelta(seconds=timeout_s))
+        except Exception:  # the host left first, or the wait timed out: nothing more to wait for
+            return

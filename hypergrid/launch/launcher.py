@@ -6,11 +6,15 @@ torchrun flag means what it means there, plus ``--min-healthy`` and
 rendezvous handler and worker spec), with ``MinHealthyAgent`` in place of
 ``LocalElasticAgent``. See docs/launcher.md.
 
-Exit codes: 0 when the run succeeded (every worker that did not fail exited
-0 and the job never fell below ``--min-healthy``, or a restart recovered);
-1 when it failed (below the minimum with no restart left, or the agent
-itself failed); 2 for a bad command line; 128 + N when the launcher was
-stopped by signal N (its workers get the same signal, as under torchrun).
+Exit codes: 0 when the run succeeded (every worker exited 0 or was excluded
+by a survivors' shrink, ``hypergrid.launch.outcomes``, and the job never fell
+below ``--min-healthy``, or a restart recovered); 1 when it failed (a worker
+raised or died and no shrink excluded it, below the minimum with no restart
+left, or the agent itself failed); 2 for a bad command line (one line naming
+the flag and the value, ``hypergrid.launch.flags``); 128 + N when the
+launcher was stopped by signal N (its workers get the same signal, as under
+torchrun). Each worker ends with the agent, even a SIGKILLed one
+(``hypergrid.launch.orphans``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port
 from torch.distributed.run import config_from_args, get_args_parser, parse_min_max_nnodes
 
 from hypergrid.errors import InvalidArgumentError
+from hypergrid.launch import orphans
 from hypergrid.launch.agent import MinHealthyAgent, report
+from hypergrid.launch.flags import OneLineParser, check_flags, flag_error
+from hypergrid.values import first_line
 
 __all__ = ["DEFAULT_EXIT_BARRIER_TIMEOUT_S", "configure", "launch", "main", "parser"]
 
@@ -50,12 +57,13 @@ def parser() -> argparse.ArgumentParser:
         >>> args.min_healthy, args.nproc_per_node, args.training_script, args.training_script_args
         (1, '4', 'train.py', ['--lr', '0.1'])
     """
-    result = get_args_parser()
-    result.prog = "python -m hypergrid.run"
-    result.description = (
-        "torchrun whose agent keeps the surviving workers running when one dies: it restarts "
+    result = OneLineParser(
+        prog="python -m hypergrid.run",
+        description="torchrun whose agent keeps the surviving workers running when one dies: it restarts "
         "(or stops) them only when fewer than --min-healthy workers of the job are healthy. "
-        "Every torchrun flag works as under torchrun. See docs/launcher.md."
+        "Every torchrun flag works as under torchrun. See docs/launcher.md.",
+        parents=[get_args_parser()],
+        conflict_handler="resolve",  # torchrun's -h/--help gives way to ours
     )
     ours = result.add_argument_group("hypergrid.run")
     ours.add_argument(
@@ -82,14 +90,19 @@ def configure(args: argparse.Namespace) -> tuple[LaunchConfig, str, list[str]]:
     """torchrun's launch config from parsed arguments, with torchrun's defaults for ``--standalone``.
 
     Raises:
-        InvalidArgumentError: ``--min-healthy`` is below 1 or above the smallest world the job may
-            have (``--nnodes`` minimum x ``--nproc-per-node``), or ``--exit-barrier-timeout`` is not positive.
+        InvalidArgumentError: a flag's value is bad (``hypergrid.launch.flags.check_flags``), or
+            ``--min-healthy`` is below 1 or above the smallest world the job may have
+            (``--nnodes`` minimum x ``--nproc-per-node``).
 
     Examples:
-        >>> config, program, argv = configure(parser().parse_args(["--standalone", "--nproc-per-node", "2", "t.py"]))
-        >>> config.rdzv_backend, config.min_nodes, config.nproc_per_node, argv[-1]
-        ('c10d', 1, 2, 't.py')
+        >>> import tempfile
+        >>> script = tempfile.NamedTemporaryFile(suffix=".py")
+        >>> args = parser().parse_args(["--standalone", "--nproc-per-node", "2", script.name])
+        >>> config, program, argv = configure(args)
+        >>> config.rdzv_backend, config.min_nodes, config.nproc_per_node, argv[-1] == script.name
+        ('c10d', 1, 2, True)
     """
+    check_flags(args)
     if args.standalone or (args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None):
         _, max_nodes = parse_min_max_nnodes(args.nnodes)
         if args.standalone or max_nodes == 1:  # torchrun's rule: one node needs no rendezvous server
@@ -100,14 +113,14 @@ def configure(args: argparse.Namespace) -> tuple[LaunchConfig, str, list[str]]:
     if not isinstance(entrypoint, str):  # --run-path: torchrun runs the script in its own process
         raise InvalidArgumentError("hypergrid.run: --run-path is not supported; it runs workers as processes")
     smallest = config.min_nodes * config.nproc_per_node
+    if config.nproc_per_node < 1:  # a word torch counted: no device of that kind here
+        raise flag_error("--nproc-per-node", args.nproc_per_node, f"a positive int (it counts {config.nproc_per_node})")
     if not 1 <= args.min_healthy <= smallest:
-        raise InvalidArgumentError(
-            f"hypergrid.run: --min-healthy {args.min_healthy}; expected 1..{smallest} (the smallest world this "
-            f"job may have: --nnodes minimum {config.min_nodes} x --nproc-per-node {config.nproc_per_node})"
-        )
-    if not args.exit_barrier_timeout > 0:
-        raise InvalidArgumentError(
-            f"hypergrid.run: --exit-barrier-timeout {args.exit_barrier_timeout}; expected a positive number of seconds"
+        raise flag_error(
+            "--min-healthy",
+            args.min_healthy,
+            f"1..{smallest} (the smallest world this job may have: --nnodes minimum {config.min_nodes} x "
+            f"--nproc-per-node {config.nproc_per_node})",
         )
     return config, entrypoint, [str(arg) for arg in command_args]
 
@@ -142,9 +155,16 @@ def launch(
         local_addr=config.local_addr,
         **config.rdzv_configs,
     )
-    master_addr, master_port = _get_addr_and_port(parameters)
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
-    handler = rdzv_registry.get_rendezvous_handler(parameters)
+    try:
+        master_addr, master_port = _get_addr_and_port(parameters)
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+        handler = rdzv_registry.get_rendezvous_handler(parameters)
+    except ValueError as error:  # an unknown backend, an endpoint or config it cannot use
+        raise flag_error(
+            "--rdzv-backend",
+            config.rdzv_backend,
+            f"a rendezvous backend that accepts this --rdzv-endpoint and --rdzv-conf ({first_line(error)})",
+        ) from None
     if not handler.use_agent_store:
         handler.shutdown()
         raise InvalidArgumentError(
@@ -152,11 +172,12 @@ def launch(
             "workers (use_agent_store is False; is TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 set?), so worker rank 0 "
             "would host the store and take it with it when it dies; use --rdzv-backend c10d or static"
         )
+    command = orphans.wrap([entrypoint, *args])  # each worker ends with this agent, even a SIGKILLed one
     spec = WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,
-        entrypoint=entrypoint,
-        args=tuple(args),
+        entrypoint=command[0],
+        args=tuple(command[1:]),
         rdzv_handler=handler,
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
@@ -200,8 +221,14 @@ def launch(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hypergrid.run [torchrun's flags] [--min-healthy N] SCRIPT [ARGS...]``; the exit code."""
-    args = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    """``python -m hypergrid.run [torchrun's flags] [--min-healthy N] SCRIPT [ARGS...]``; the exit code.
+
+    A bad command line is one line on stderr naming the flag and its value, exit code 2.
+    """
+    try:
+        args = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    except SystemExit as stop:  # argparse: --help (0) or its one-line error (2)
+        return stop.code if isinstance(stop.code, int) else _USAGE
     try:
         config, entrypoint, command_args = configure(args)
         return launch(
@@ -214,3 +241,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidArgumentError as error:
         print(f"error: {error}", file=sys.stderr)
         return _USAGE
+    except Exception as error:  # the launch could not start (e.g. the rendezvous endpoint is unreachable)
+        report(f"failed before any worker started: {type(error).__name__}: {first_line(error)}")
+        return _FAILED

@@ -12,7 +12,8 @@ bytes, not shared memory that would die with the worker), so any picklable
 value comes back whatever its size; one that cannot be pickled is reported
 with the rank and pickle's own error. Each worker dumps its Python stack on
 ``SIGUSR1`` (``hypergrid.launch.stacks``): on timeout, the error shows where
-every rank still running is.
+every rank still running is. A worker ends with the parent: if the parent is
+killed (even by SIGKILL), its workers are too (``hypergrid.launch.orphans``).
 
 ``init_from_env`` is the ``torchrun`` path (``env://``): NCCL bound to the
 local GPU when CUDA is present, gloo otherwise.
@@ -39,6 +40,8 @@ from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined
 from torch.distributed.rendezvous import rendezvous
 
 from hypergrid.errors import BackendError, WorkerError, public
+from hypergrid.launch.ledger import record_uncaught_exceptions
+from hypergrid.launch.orphans import tie_to_parent
 from hypergrid.launch.sockets import opened, snapshot, track
 from hypergrid.launch.stacks import enable_stack_dumps, request_stack_dumps
 from hypergrid.validation import check_bool, check_choice, check_int, check_str, refuse
@@ -96,6 +99,10 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch
     workers, and the keys a killed worker group left (a guard round cut
     short) would otherwise meet the restarted group's identical rounds.
 
+    Under a torchelastic launcher (``TORCHELASTIC_ERROR_FILE`` set), an uncaught
+    exception is also written to the worker's error file, as torch's ``@record``
+    does, so ``hypergrid.run``'s summary names it (``record_uncaught_exceptions``).
+
     Returns:
         The device that collectives should use.
 
@@ -107,6 +114,7 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch
         check_str("init_from_env", "backend", backend, _BACKEND_TEXT, "None or a backend such as 'gloo' or 'nccl'")
     timeout = datetime.timedelta(seconds=check_timeout(timeout_s, "timeout_s"))
     enable_stack_dumps()
+    record_uncaught_exceptions()  # under a launcher, its summary can say what this rank raised
     chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if chosen == "nccl":
         if not torch.cuda.is_available():
@@ -135,6 +143,7 @@ def _env_store(timeout: datetime.timedelta) -> tuple[Any, int, int]:
 
 
 def _worker(
+    parent: int,
     rank: int,
     nprocs: int,
     port: int,
@@ -145,6 +154,7 @@ def _worker(
     results: Any,
     stack_dir: str,
 ) -> None:
+    tie_to_parent(parent)  # a SIGKILLed parent leaves no worker behind
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(nprocs),
@@ -261,7 +271,7 @@ def spawn(
     processes = [
         context.Process(
             target=_worker,
-            args=(rank, nprocs, store.port, backend, timeout_s, fn, tuple(args), results, stack_dir),
+            args=(os.getpid(), rank, nprocs, store.port, backend, timeout_s, fn, tuple(args), results, stack_dir),
             name=f"hypergrid-rank{rank}",
         )
         for rank in range(nprocs)

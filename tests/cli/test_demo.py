@@ -39,6 +39,9 @@ def test_bad_arguments_fail_before_any_process(argv: list[str], text: str, capsy
 
 def test_cli_lists_commands_and_refuses_unknown_ones(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(["--help"]) == 0
-    assert "demo" in capsys.readouterr().out
+    listing = capsys.readouterr().out
+    assert "demo" in listing and "python -m hypergrid.run --standalone --nproc-per-node 4 train.py" in listing
+    assert cli(["run", "train.py"]) == 2
+    assert "the launcher is a module of its own: python -m hypergrid.run" in capsys.readouterr().err
     assert cli(["nope"]) == 2
     assert "unknown command 'nope'" in capsys.readouterr().err

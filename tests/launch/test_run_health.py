@@ -1,4 +1,4 @@
-"""hypergrid.run without processes: the job-wide count between agents, its command line and its refusals.
+"""hypergrid.run without processes: the job-wide count between agents, and its command line as torchrun's.
 
 ``HealthRound`` is played by several "agents" (threads) on one in-memory
 store, as real agents play it on the rendezvous store: the failure count,
@@ -14,9 +14,8 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.run import get_args_parser
 
-from hypergrid.errors import InvalidArgumentError
 from hypergrid.launch.health import HealthRound
-from hypergrid.launch.launcher import configure, main, parser
+from hypergrid.launch.launcher import parser
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -108,30 +107,43 @@ def test_every_torchrun_flag_parses_as_under_torchrun() -> None:
     assert ours["min_healthy"] == 1 and ours["exit_barrier_timeout"] > 0
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--min-healthy", "0"], r"--min-healthy 0; expected 1\.\.4"),
-        (["--min-healthy", "5"], r"--min-healthy 5; expected 1\.\.4 .*--nproc-per-node 4"),
-        (["--nnodes", "2:3", "--rdzv-endpoint", "h:1", "--min-healthy", "9"], r"expected 1\.\.8 .*minimum 2"),
-        (["--exit-barrier-timeout", "0"], r"--exit-barrier-timeout 0.0; expected a positive"),
-        (["--run-path"], r"--run-path is not supported"),
-    ],
-)
-def test_bad_flags_are_refused_before_anything_starts(flags: list[str], message: str) -> None:
-    args = parser().parse_args(["--standalone", "--nproc-per-node", "4", *flags, "train.py"])
-    with pytest.raises(InvalidArgumentError, match=message):
-        configure(args)
+def test_the_last_agent_reads_the_ledger_once_and_every_agent_gets_the_list() -> None:
+    a, b = _agents(2, workers=4, min_healthy=1)
+    assert a.record_failure() is False and b.record_failure() is False
+    reads: list[str] = []
+
+    def read() -> str:
+        reads.append("read")
+        return "3,1,"
+
+    outcomes: list[str] = []
+    waiter = threading.Thread(target=lambda: outcomes.append(a.exit_barrier(30, read)))
+    waiter.start()
+    assert _eventually(lambda: a.store.add(a.prefix + "arrived", 0) == 1)
+    assert reads == []  # a arrived first: b's workers may still shrink some away
+    assert b.exit_barrier(30, read) == "done"
+    waiter.join(10)
+    assert outcomes == ["done"] and reads == ["read"]
+    assert a.shrunk() == b.shrunk() == "3,1,"
+    leaving = threading.Thread(target=a.leave)
+    leaving.start()
+    b.leave()
+    leaving.join(10)
+    assert not leaving.is_alive()
 
 
-def test_main_answers_a_bad_flag_with_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--standalone", "--nproc-per-node", "2", "--min-healthy", "3", "train.py"]) == 2
-    assert "error: hypergrid.run: --min-healthy 3; expected 1..2" in capsys.readouterr().err
+def test_without_a_failure_the_ledger_is_not_read() -> None:
+    (a,) = _agents(1, workers=2, min_healthy=1)
+    assert a.exit_barrier(5, lambda: pytest.fail("read without a failure")) == "done"
+    assert a.shrunk() == ""
 
 
-def test_a_store_hosted_by_worker_rank_0_is_refused(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    assert main(["--standalone", "--nproc-per-node", "2", "train.py"]) == 2
-    assert "does not share its store with the workers" in capsys.readouterr().err
+def test_a_ledger_that_cannot_be_read_accounts_for_nobody() -> None:
+    (a,) = _agents(1, workers=2, min_healthy=1)
+    a.record_failure()
+
+    def unreachable() -> str:
+        raise ConnectionError("the workers' store is gone")
+
+    assert a.exit_barrier(5, unreachable) == "done"
+    assert a.shrunk() == ""

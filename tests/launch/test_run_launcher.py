@@ -27,13 +27,16 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "launcher_survivors.py"
+ENDINGS = ROOT / "tests" / "workers" / "launched.py"  # workers that end as a test asks
 STEPS, KILL_STEP, VICTIM = 5, 2, 3
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 
-def _start(launcher: str, flags: list[str], script_args: list[str]) -> subprocess.Popen[str]:
+def _start(
+    launcher: str, flags: list[str], script_args: list[str], script: pathlib.Path = SCRIPT
+) -> subprocess.Popen[str]:
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    command = [sys.executable, "-m", launcher, *flags, str(SCRIPT), *script_args]
+    command = [sys.executable, "-m", launcher, *flags, str(script), *script_args]
     return subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -131,9 +134,10 @@ def test_a_sigkilled_worker_leaves_three_survivors_that_shrink_and_finish(tmp_pa
     assert sorted(r["rank"] for r in reports.values()) == [0, 1, 2]
     # the launcher reported the death when it happened, kept the others running, and summed up
     assert f"worker rank {VICTIM} (local rank {VICTIM}" in err and "the others keep running" in err
-    assert "summary: succeeded" in err
+    # the death was accounted for: the survivors' shrink excluded it
+    assert "summary: succeeded: 3 of 4 workers finished; rank 3 died by signal SIGKILL and was shrunk away" in err
     summary = _summary_lines(err)
-    assert summary[VICTIM].startswith("died by signal SIGKILL")
+    assert summary[VICTIM].startswith("died by signal SIGKILL; shrunk away")
     assert all(summary[r].startswith("exited 0") for r in (0, 1, 2)), summary
     assert "job: 1 of 4 workers failed; --min-healthy 1; restarts used: 0" in err
 
@@ -202,9 +206,10 @@ def test_two_nodes_the_survivors_on_both_shrink_and_both_agents_succeed(tmp_path
         _check_survivor(reports[first], world=4, tp=2, new_world=2, kill_step=KILL_STEP)
     errs = "\n".join(err for _, _, err in finished)
     assert errs.count("summary: succeeded") == 2
+    assert "summary: succeeded: 1 of 2 workers finished; rank 3 died by signal SIGKILL and was shrunk away" in errs
     assert "job: 1 of 4 workers failed" in errs
     summary = _summary_lines(errs)
-    assert summary[VICTIM].startswith("died by signal SIGKILL")
+    assert summary[VICTIM].startswith("died by signal SIGKILL; shrunk away")
     assert all(summary[r].startswith("exited 0") for r in (0, 1, 2)), summary
 
 
@@ -220,3 +225,100 @@ def test_a_signalled_launcher_stops_its_workers_and_exits_128_plus_the_signal() 
     assert "summary: stopped: the launcher got SIGTERM" in err
     summary = _summary_lines(err)
     assert sorted(summary) == [0, 1] and all(line.startswith("stopped by the launcher") for line in summary.values())
+
+
+# -- the exit code tells the truth -------------------------------------------------------------
+
+
+def _ending(mode: str, workers: int) -> tuple[int, str, dict[int, str]]:
+    """Run ``tests/workers/launched.py MODE`` on ``workers`` workers: the exit code, stderr and the summary's lines."""
+    launcher = _start("hypergrid.run", ["--standalone", "--nproc-per-node", str(workers)], [mode], ENDINGS)
+    ((code, _, err),) = _finish(launcher)
+    return code, err, _summary_lines(err)
+
+
+def test_workers_that_raise_fail_the_run_and_the_summary_names_them() -> None:
+    """Six workers for a 4-rank grid: ranks 4 and 5 raise RankError; nobody shrinks them away."""
+    code, err, summary = _ending("outside", 6)
+    assert code == 1, err[-3000:]
+    assert "summary: failed: rank 4 raised RankError, rank 5 raised RankError; no shrink excluded them" in err
+    for rank in (4, 5):
+        assert summary[rank].startswith(f"raised RankError: all_reduce: rank {rank} is outside the grid"), summary
+        assert "; exit code 1 (pid " in summary[rank]
+    assert all(summary[r].startswith("exited 0") for r in range(4)), summary
+    assert "job: 2 of 6 workers failed" in err
+
+
+def test_a_death_no_shrink_accounted_for_fails_the_run() -> None:
+    """Rank 3 SIGKILLs itself after the last collective; the others finish without noticing."""
+    code, err, summary = _ending("die", 4)
+    assert code == 1, err[-3000:]
+    assert "summary: failed: rank 3 died by signal SIGKILL and no shrink excluded it" in err
+    assert summary[3].startswith("died by signal SIGKILL (pid"), summary
+    assert all(summary[r].startswith("exited 0") for r in range(3)), summary
+
+
+def _started(launcher: subprocess.Popen[str], pids: pathlib.Path, count: int) -> list[int]:
+    """The workers' pids, once each has written its own (fails the test if they do not start)."""
+    deadline = time.monotonic() + 90
+    while len(list(pids.glob("rank*.pid"))) < count and time.monotonic() < deadline and launcher.poll() is None:
+        time.sleep(0.1)
+    found = [int(path.read_text()) for path in sorted(pids.glob("rank*.pid"))]
+    assert len(found) == count, launcher.poll()
+    return found
+
+
+def test_the_summary_after_a_sigterm_counts_the_failures_it_lists(tmp_path: pathlib.Path) -> None:
+    flags = ["--standalone", "--nproc-per-node", "2"]
+    launcher = _start("hypergrid.run", flags, ["sleep", "--pids", str(tmp_path)], ENDINGS)
+    _, victim = _started(launcher, tmp_path, 2)
+    os.kill(victim, signal.SIGKILL)
+    assert launcher.stderr is not None
+    for line in launcher.stderr:  # the agent saw the death before it is stopped
+        if line.startswith("hypergrid.run: worker rank 1 "):
+            break
+    launcher.send_signal(signal.SIGTERM)
+    ((code, _, err),) = _finish(launcher)
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    assert "summary: stopped: the launcher got SIGTERM" in err
+    summary = _summary_lines(err)
+    assert summary[0].startswith("stopped by the launcher") and summary[1].startswith("died by signal SIGKILL")
+    assert "job: 1 of 2 workers failed" in err
+
+
+def test_a_sigkilled_launcher_leaves_no_worker_behind(tmp_path: pathlib.Path) -> None:
+    flags = ["--standalone", "--nproc-per-node", "2"]
+    launcher = _start("hypergrid.run", flags, ["sleep", "--pids", str(tmp_path)], ENDINGS)
+    workers = _started(launcher, tmp_path, 2)
+    try:
+        launcher.kill()
+        launcher.communicate(timeout=30)
+        deadline = time.monotonic() + 10  # "within a few seconds": a bound on the wait, not a timing asserted
+        while time.monotonic() < deadline and not all(_ended(pid) for pid in workers):
+            time.sleep(0.05)
+        assert [pid for pid in workers if not _ended(pid)] == []
+    finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                if not _ended(pid):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _ended(pid: int) -> bool:
+    """The process has ended (a zombie not yet reaped by its new parent counts)."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def test_two_shrinks_account_for_both_deaths_in_the_launchers_ranks() -> None:
+    """Rank 1 dies, the survivors shrink (ranks move down); rank 4 (that world's rank 3) dies, they shrink again."""
+    code, err, summary = _ending("twice", 6)
+    assert code == 0, err[-3000:]
+    assert (
+        "summary: succeeded: 4 of 6 workers finished; rank 1 died by signal SIGKILL and was shrunk away; "
+        "rank 4 died by signal SIGKILL and was shrunk away"
+    ) in err
+    assert summary[1].startswith("died by signal SIGKILL; shrunk away") and summary[4].startswith("died by signal")
+    assert all(summary[r].startswith("exited 0") for r in (0, 2, 3, 5)), summary
