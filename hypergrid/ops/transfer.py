@@ -22,7 +22,6 @@ import torch.distributed as dist
 
 from hypergrid.errors import CollectiveMismatchError, InvalidArgumentError
 from hypergrid.layout.bridge_plan import Piece
-from hypergrid.ops.pipeline import run_p2p
 
 __all__ = [
     "HEADER_DIMS",
@@ -35,7 +34,6 @@ __all__ = [
     "decode_header",
     "device_for",
     "encode_header",
-    "exchange_headers",
     "header_ops",
     "pieces_ops",
     "place",
@@ -186,19 +184,6 @@ def read_inbox(inbox: dict[str, list[tuple[int, torch.Tensor]]]) -> dict[str, di
     every = [row for received in inbox.values() for _, row in received]
     rows: Iterator[torch.Tensor] = iter(torch.stack(every).cpu() if every else [])
     return {direction: {sender: decode_header(next(rows)) for sender, _ in got} for direction, got in inbox.items()}
-
-
-def exchange_headers(
-    what: str,
-    routes: dict[str, tuple[list[int], list[int]]],
-    sends: dict[str, Meta | Refusal],
-    rank: int,
-    device: torch.device,
-) -> dict[str, dict[int, Meta | Refusal]]:
-    """Move the headers of `header_ops` in one batch of their own; what this rank received."""
-    ops, inbox = header_ops(routes, sends, rank, device)
-    run_p2p(ops, what)
-    return read_inbox(inbox)
 
 
 def check_headers(what: str, seen: dict[int, Meta | Refusal], fixed: Meta | None) -> None:
