@@ -22,9 +22,11 @@ from hypergrid.agreement.guard import CreationRequest, GuardLedger, agree, grid_
 from hypergrid.binding.failures import check_live
 from hypergrid.errors import InvalidArgumentError, RankError
 from hypergrid.grid.grid import HyperCommGrid
+from hypergrid.layout import bridge_plan
 from hypergrid.layout.bridge_plan import Piece, Roles, boundary_ranks, held_slice, plan_transfer
+from hypergrid.ops import transfer
 from hypergrid.ops.pipeline import run_p2p
-from hypergrid.ops.transfer import HEADER_DIMS, Meta, Slicer, check_headers, exchange_headers, pieces_ops, place
+from hypergrid.ops.transfer import HEADER_DIMS, Meta, Refusal, Slicer
 from hypergrid.validation import check_bool, check_int, check_str, public_methods, refuse
 
 __all__ = ["Bridge"]
@@ -44,18 +46,19 @@ class Bridge:
     rank gets exactly its slice of the gradient, taken from one destination
     rank that holds it (the destination's copies are expected to hold the same
     gradient, as they do after a tensor-parallel layer's all-reduce; nothing is
-    summed). Shapes and dtypes travel in a small header on the first transfer
-    of each direction (on every transfer with ``variable_shapes`` or checked
-    collectives), so ``recv_forward()`` takes no arguments.
+    summed). Shapes and dtypes travel in a small header from every sender to
+    every participant on every call (before the data on the first transfer of
+    each direction, or with ``variable_shapes`` or checked collectives; with
+    the data once the shape is fixed), so ``recv_forward()`` takes no
+    arguments and a transfer that cannot be right raises on every participant.
 
     Agreement: before its first transfer, the boundary ranks of both grids
     agree on the bridge (both grids, ``batch_dim``, ``seq_dim``, the role
     names) in one guarded round (off when either grid has ``guard=False``):
     a rank that built another bridge raises ``DesyncError`` with all of them.
-    With checked collectives on either grid every sender's header goes to every
-    participant of the transfer, and a shape or dtype that differs (between
-    senders, or from the bridge's fixed shape) raises
-    ``CollectiveMismatchError`` on all of them before any data moves.
+    Senders that differ, or a sender that refuses its tensor (it raises
+    ``InvalidArgumentError``), raise ``CollectiveMismatchError`` on every
+    other participant, checked collectives or not; nothing is delivered.
 
     Args:
         src: the grid whose last ``pp`` stage sends activations.
@@ -162,9 +165,11 @@ class Bridge:
 
         Raises:
             RankError: the caller is not on ``src``'s last pipeline stage.
-            InvalidArgumentError: ``tensor`` is not a tensor, has too few dims, a
-                shape or dtype other than the bridge's, or a batch (sequence) the
-                destination's ``dp`` (``cp``) does not divide; before any communication.
+            InvalidArgumentError: ``tensor`` is not a tensor, has too few dims or over 8, a
+                dtype a header does not carry, a shape or dtype other than the bridge's, or a
+                batch (sequence) the grids' ``dp`` (``cp``) do not divide; none of it is sent.
+            CollectiveMismatchError: another sender refused its tensor, or the senders'
+                tensors make different global shapes; on every other participant too.
             RankFailure: a peer of the transfer is gone.
         """
         both = self._rank() in self._ranks[FORWARD][1]
@@ -176,6 +181,8 @@ class Bridge:
         Raises:
             RankError: the caller is not on ``dst``'s first stage, or is also on
                 ``src``'s last stage (it calls ``send_forward``, which does both).
+            CollectiveMismatchError: a sender refused its tensor, or the senders'
+                tensors make different global shapes; nothing is delivered.
             RankFailure: a peer of the transfer is gone.
         """
         self._refuse_both("recv_forward", FORWARD, "send_forward(tensor)")
@@ -251,12 +258,8 @@ class Bridge:
         return held_slice(layout, self._rank(), meta.shape[self.batch_dim], seq, self.roles)
 
     def _local_shape(self, direction: str, side: int, meta: Meta) -> list[int]:
-        rows, positions = self._held(direction, side, meta)
-        shape = list(meta.shape)
-        shape[self.batch_dim] = rows[1] - rows[0]
-        if self.seq_dim is not None and positions is not None:
-            shape[self.seq_dim] = positions[1] - positions[0]
-        return shape
+        layout = self._sides[direction][side][0]
+        return bridge_plan.local_shape(layout, self._rank(), meta.shape, self.batch_dim, self.seq_dim, self.roles)
 
     def _global(self, call: str, direction: str, tensor: object) -> Meta:
         """The global tensor a sender's slice belongs to; checks it before any communication."""
@@ -269,11 +272,8 @@ class Bridge:
                 f"(batch_dim={self.batch_dim}, seq_dim={self.seq_dim})"
             )
         layout = self._sides[direction][0][0]
-        shape = list(tensor.shape)
-        shape[self.batch_dim] *= self.roles.size(layout, "dp")
-        if self.seq_dim is not None:
-            shape[self.seq_dim] *= self.roles.size(layout, "cp")
-        return Meta(tuple(shape), tensor.dtype)
+        shape = bridge_plan.global_shape(layout, tuple(tensor.shape), self.batch_dim, self.seq_dim, self.roles)
+        return Meta(shape, tensor.dtype)
 
     def _plan(self, call: str, direction: str, meta: Meta) -> tuple[Piece, ...]:
         if (direction, meta) not in self._plans:
@@ -284,15 +284,6 @@ class Bridge:
                 sender_stage=s_stage, receiver_stage=r_stage, roles=self.roles, what=call,
             )  # fmt: skip
         return self._plans[(direction, meta)]
-
-    def _device_for(self, sends: dict[str, torch.Tensor]) -> torch.device:
-        if self.device is not None:
-            return self.device
-        for tensor in sends.values():
-            return tensor.device
-        if "nccl" in str(dist.get_backend()).lower() and torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
 
     def _agree(self, call: str) -> None:
         if self._agreed or not self.guard:
@@ -317,28 +308,8 @@ class Bridge:
             settle(f"{scope.prefix}/commit", self.participants, started, timeout, "the bridge", self._ledger)
         self._agreed = True
 
-    def _headers(self, call: str, sends: dict[str, Meta], recvs: set[str], device: torch.device) -> dict[str, Meta]:
-        """Exchange the headers of the directions that need them; return each direction's agreed `Meta`."""
-        needed = [d for d in (FORWARD, BACKWARD) if (d in sends or d in recvs)]
-        needed = [d for d in needed if self.checked or self.variable_shapes or self._meta[d] is None]
-        routes = {direction: self._ranks[direction] for direction in needed}
-        inbox = exchange_headers(f"{call} (shape header)", routes, sends, self._rank(), device, self.checked)
-        agreed: dict[str, Meta] = {}
-        for direction in (FORWARD, BACKWARD):
-            seen = inbox.get(direction, {})
-            if direction in sends:
-                seen[self._rank()] = sends[direction]
-            if direction in needed and self.checked:
-                fixed = None if self.variable_shapes else self._meta[direction]
-                check_headers(f"{call} over {self!r}: the {direction} senders disagree", seen, fixed)
-            if seen:
-                agreed[direction] = next(iter(seen.values()))
-            elif self._meta[direction] is not None:
-                agreed[direction] = self._meta[direction]  # type: ignore[assignment]
-        return agreed
-
     def _transfer(self, call: str, sends: dict[str, Any], recvs: set[str]) -> dict[str, torch.Tensor | None]:
-        """One call: check, agree (first time), exchange headers where needed, move every piece in one batch."""
+        """One call: check, agree (first time), the headers, every piece; an error on every participant or none."""
         rank = self._rank()
         for direction in (*sends, *recvs):
             side = 0 if direction in sends else 1
@@ -346,49 +317,77 @@ class Bridge:
                 grid, stage = ("src", "last") if (direction == FORWARD) == (side == 0) else ("dst", "first")
                 raise RankError(f"{call}: rank {rank} is not on the {stage} pipeline stage of {grid} in {self!r}")
         check_live(call)
-        metas = {direction: self._global(call, direction, tensor) for direction, tensor in sends.items()}
-        sends = {direction: tensor.detach() for direction, tensor in sends.items()}  # sent as data, not in a graph
-        for direction, meta in metas.items():
-            self._check_meta(call, direction, meta, sends[direction])
+        said: dict[str, Meta | Refusal] = {}
+        own: InvalidArgumentError | None = None  # this sender's refusal: raised here once the others know of it
+        for direction, tensor in sends.items():
+            said[direction], error = self._said(call, direction, tensor)
+            own = own or error
+        if own is not None and not dist.is_initialized():
+            raise own  # no peer to tell
+        tensors = {d: tensor.detach() for d, tensor in sends.items() if isinstance(said[d], Meta)}  # data, no graph
         self._agree(call)
-        device = self._device_for(sends)
-        agreed = self._headers(call, metas, recvs, device)
-        ops: list[dist.P2POp] = []
+        device = transfer.device_for(self.device, tensors)
+        directions = [d for d in (FORWARD, BACKWARD) if d in sends or d in recvs]
+        fixed = {d: None if self.variable_shapes else self._meta[d] for d in directions}
+        ops, inbox = transfer.header_ops({d: self._ranks[d] for d in directions}, said, rank, device)
+        first = self.checked or any(meta is None for meta in fixed.values())
+        if first:  # the receivers need the shapes before they can post their receives: headers in a batch alone
+            run_p2p(ops, f"{call} (shape header) over {self!r}")
+            agreed, ops = transfer.verdict(f"{call} over {self!r}", rank, said, inbox, fixed, own), []
+        else:  # a fixed shape: the headers ride with the data, and a refusing sender sends zeros in its place
+            agreed = {d: meta for d, meta in fixed.items() if meta is not None}
         results: dict[str, torch.Tensor | None] = {FORWARD: None, BACKWARD: None}
         placing = []
-        for direction in (FORWARD, BACKWARD):  # forward pieces first on every rank: messages pair up in order
-            if direction not in sends and direction not in recvs:
-                continue
+        for direction in directions:  # forward pieces first on every rank: messages pair up in order
             meta = agreed[direction]
-            self._meta[direction] = meta
             pieces = self._plan(call, direction, meta)
             sent = received = None
             if direction in sends:
                 rows, positions = self._held(direction, 0, meta)
-                sent = (sends[direction], (rows[0], positions[0] if positions else 0))
+                local = tensors.get(direction)
+                if local is None:
+                    local = torch.zeros(self._local_shape(direction, 0, meta), dtype=meta.dtype, device=device)
+                sent = (local, (rows[0], positions[0] if positions else 0))
             if direction in recvs:
                 rows, positions = self._held(direction, 1, meta)
                 target = torch.empty(self._local_shape(direction, 1, meta), dtype=meta.dtype, device=device)
                 received = (target, (rows[0], positions[0] if positions else 0))
                 results[direction] = target
-            mine, buffers = pieces_ops(pieces, rank, self.slicer, sent, received)
+            mine, buffers = transfer.pieces_ops(pieces, rank, self.slicer, sent, received)
             ops += mine
             if received is not None:
                 placing.append((buffers, received))
         run_p2p(ops, f"{call} over {self!r}")
+        if not first:  # the headers that rode with the data: on a refusal, what came is dropped
+            transfer.verdict(f"{call} over {self!r}", rank, said, inbox, fixed, own)
         for buffers, (target, origin) in placing:
-            place(buffers, self.slicer, target, origin)
+            transfer.place(buffers, self.slicer, target, origin)
+        self._meta.update(agreed)
         return results
 
-    def _check_meta(self, call: str, direction: str, meta: Meta, tensor: torch.Tensor) -> None:
-        """Unchecked mode: a sender refuses a shape other than the fixed one, and sizes the receivers cannot cut."""
+    def _said(self, call: str, direction: str, tensor: object) -> tuple[Meta | Refusal, InvalidArgumentError | None]:
+        """What a sender's header says of ``tensor``: its global `Meta`, or a `Refusal` and its error (local)."""
+        try:
+            meta = self._global(call, direction, tensor)
+        except InvalidArgumentError as error:
+            return Refusal(1), error
+        reason = transfer.carried(meta)
+        if reason:
+            what = f"dtype {meta.dtype}" if reason == 2 else f"{len(meta.shape)} dims"
+            return Refusal(reason), InvalidArgumentError(f"{call}: a tensor of {what}: {transfer.REASONS[reason]}")
+        if self.checked:  # every participant compares the headers with the fixed shape and plans, together
+            return meta, None
         fixed = self._meta[direction]
-        if fixed is not None and not self.variable_shapes and fixed != meta and not self.checked:
+        if fixed is not None and not self.variable_shapes and fixed != meta:
+            assert isinstance(tensor, torch.Tensor)
             local = self._local_shape(direction, 0, fixed)
-            raise InvalidArgumentError(
+            return Refusal(4, meta), InvalidArgumentError(
                 f"{call}: got a tensor of shape {list(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}, "
                 f"expected {local} {str(fixed.dtype).removeprefix('torch.')} (this bridge's first transfer fixed it; "
                 "build it with variable_shapes=True for shapes that change)"
             )
-        if not self.checked:  # checked: every participant finds it after the headers, together
+        try:
             self._plan(call, direction, meta)  # a batch (or sequence) the receivers' dp (cp) does not divide
+        except InvalidArgumentError as error:
+            return Refusal(5, meta), error
+        return meta, None

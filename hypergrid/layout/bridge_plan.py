@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout.grid_layout import GridLayout
 
-__all__ = ["Piece", "Roles", "boundary_ranks", "held_slice", "plan_transfer"]
+__all__ = ["Piece", "Roles", "boundary_ranks", "global_shape", "held_slice", "local_shape", "plan_transfer"]
 
 Range = tuple[int, int]
 
@@ -114,6 +114,40 @@ def held_slice(
     positions = seq // roles.size(layout, "cp")
     first = roles.coord(layout, rank, "cp") * positions
     return (start, start + rows), (first, first + positions)
+
+
+def global_shape(
+    layout: GridLayout, shape: tuple[int, ...], batch_dim: int, seq_dim: int | None, roles: Roles = Roles()
+) -> tuple[int, ...]:
+    """The global shape of which a boundary rank holds a slice of ``shape`` (batch times dp, sequence times cp).
+
+    Examples:
+        >>> global_shape(GridLayout([2, 3], ["cp", "dp"]), (2, 4, 5), batch_dim=0, seq_dim=1)
+        (6, 8, 5)
+    """
+    out = list(shape)
+    out[batch_dim] *= roles.size(layout, "dp")
+    if seq_dim is not None:
+        out[seq_dim] *= roles.size(layout, "cp")
+    return tuple(out)
+
+
+def local_shape(
+    layout: GridLayout, rank: int, shape: tuple[int, ...], batch_dim: int, seq_dim: int | None, roles: Roles = Roles()
+) -> list[int]:
+    """The shape of ``rank``'s slice of a global tensor of ``shape`` (the inverse of `global_shape`).
+
+    Examples:
+        >>> local_shape(GridLayout([2, 3], ["cp", "dp"]), 5, (6, 8, 5), batch_dim=0, seq_dim=1)
+        [2, 4, 5]
+    """
+    seq = None if seq_dim is None else shape[seq_dim]
+    rows, positions = held_slice(layout, rank, shape[batch_dim], seq, roles)
+    out = list(shape)
+    out[batch_dim] = rows[1] - rows[0]
+    if seq_dim is not None and positions is not None:
+        out[seq_dim] = positions[1] - positions[0]
+    return out
 
 
 def _check_divides(what: str, layout: GridLayout, side: str, batch: int, seq: int | None, roles: Roles) -> None:

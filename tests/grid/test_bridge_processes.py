@@ -7,7 +7,10 @@ source rank exactly its slice of the gradient, for several pairs of grids:
 the same or overlapping ranks, four dtypes; the combined calls in a pipelined
 schedule; shapes that change; a checked bridge whose sender disagrees and a
 bridge built differently on one rank (both: the same error on every
-participant, no hang).
+participant, no hang); senders that go wrong without checked collectives (a
+refused tensor, a dtype or shape that changes, a batch the senders disagree
+on: an error on every rank, no hang, nothing wrong delivered, and the next
+transfer correct).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 from hypergrid import WorkerDeath, spawn
 from tests.layout.test_bridge_plan import coords, reference_slice, sizes
 from tests.workers import bridge as workers
+from tests.workers import bridge_mismatch
 
 pytestmark = [pytest.mark.processes]
 
@@ -111,3 +115,66 @@ def test_a_dead_receiver_is_a_rank_failure_for_its_sender() -> None:
     for rank in (0, 2):  # a transfer between two live ranks: it completes, or the failure news ends it
         assert outcome[rank]["error"] in (None, "RankFailure"), outcome[rank]
     assert all(outcome[rank]["seconds"] < 60 for rank in (0, 1, 2)), outcome
+
+
+#: case -> (the step that goes wrong, the sender that refuses its tensor; None: the senders disagree).
+SPOILED = {
+    "a dtype the bridge does not carry, first transfer": (0, 0),
+    "more than 8 dims, first transfer": (0, 0),
+    "a dtype change after the first transfer": (1, 1),
+    "a shape change after the first transfer": (1, 1),
+    "senders disagree on the batch, first transfer": (0, None),
+}
+
+
+@pytest.fixture(scope="module")
+def mismatches() -> list[dict[str, list[Any]]]:
+    outcome: list[dict[str, list[Any]]] = spawn(bridge_mismatch.every_mismatch, 4, timeout_s=90)
+    return outcome
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("case", sorted(bridge_mismatch.CASES))
+def test_an_unchecked_sender_gone_wrong_is_an_error_on_every_rank_and_the_next_transfer_is_right(
+    mismatches: list[dict[str, list[Any]]], case: str
+) -> None:
+    assert set(SPOILED) == set(bridge_mismatch.CASES)
+    spoiled, refuser = SPOILED[case]
+    for rank, outcome in enumerate(mismatches):
+        steps = outcome[case]
+        assert len(steps) == len(bridge_mismatch.CASES[case]), (rank, steps)
+        for step, (kind, got) in enumerate(steps):
+            if step != spoiled:
+                assert kind == "ok", (rank, step, got)
+                if rank < 2:
+                    assert got is None
+                else:  # the receivers' slices of the global [4, 2]: sender 0's rows hold 1, sender 1's hold 2
+                    torch.testing.assert_close(got, torch.full((2, 2), rank - 1.0), msg=f"{case} rank {rank}")
+            elif rank == refuser:
+                assert kind == "InvalidArgumentError", (rank, got)
+            elif refuser is not None:
+                assert kind == "CollectiveMismatchError", (rank, got)
+                assert f"rank(s) [{refuser}] refused its tensor" in got, got
+            else:
+                assert kind == "CollectiveMismatchError", (rank, got)
+                assert "rank(s) [0] sent the global shape [4, 2] float32" in got, got
+                assert "rank(s) [1] sent the global shape [6, 2] float32" in got, got
+
+
+def test_a_gradient_gone_wrong_in_the_combined_calls_is_an_error_on_every_rank(
+    mismatches: list[dict[str, list[Any]]],
+) -> None:
+    spoiled = {1: 2, 3: 3}  # step -> the receiver whose gradient is refused (first with headers first, then fixed)
+    for rank, outcome in enumerate(mismatches):
+        steps = outcome["combined calls"]
+        assert len(steps) == len(bridge_mismatch.COMBINED), (rank, steps)
+        for step, (kind, got) in enumerate(steps):
+            if step not in spoiled:
+                assert kind == "ok", (rank, step, got)
+                want = -(rank + 1.0) if rank < 2 else rank - 1.0  # its gradient slice, or its activation slice
+                torch.testing.assert_close(got, torch.full((2, 2), want), msg=f"rank {rank} step {step}")
+            elif rank == spoiled[step]:
+                assert kind == "InvalidArgumentError", (rank, step, got)
+            else:
+                assert kind == "CollectiveMismatchError", (rank, step, got)
+                assert f"rank(s) [{spoiled[step]}] refused its tensor" in got, got
