@@ -21,6 +21,14 @@ grid, all 15 families created on a sample of ranks, one group per family
 (``share_groups=False``, as dp = 1 at 1024 ranks): new_group calls per rank per
 family, and time per rank.
 
+With ``--first``: a job's first creation, side by side with torch's own. For
+each world size, ``--repeats`` fresh jobs of each kind, taking turns: torch's
+``new_subgroups_by_enumeration`` of the ``tp`` family; hypergrid's first
+``create_pg("tp")`` (its world object and watcher, the guard round, the
+groups, the commit); and one guard round alone (torch's creation replaced by
+nothing). Reported: the worst rank of the worst job of each, and
+``hypergrid / (2 x torch + guard)``, which the healthy path keeps at or under 1.
+
 With ``--sharing``: communicator economy, sharing on and off, on a grid with
 tp = cp = 1 (``[1, 1, 2, world/2]`` under gloo, ``[1, 1, 16, world/16]`` with
 ``--fake``): distinct groups per rank, new_group calls per rank, seconds.
@@ -113,6 +121,44 @@ def gloo_rank(world: int, strategy: str, guard: bool, api: str = "create_pg") ->
     dist.all_gather_object(everyone, seconds)
     grid.destroy()
     return {"times": everyone, "calls": calls, "held": held}
+
+
+def first_rank(kind: str) -> float:
+    """A fresh job's first creation of the ``tp`` family on this rank: torch's own, hypergrid's, or a guard round."""
+    world = dist.get_world_size()
+    grid = HyperCommGrid([2, world // 2], ["tp", "dp"])
+    if kind == "guard":
+        import hypergrid.grid.batch
+
+        hypergrid.grid.batch.create_family = lambda *args, **kwargs: None  # type: ignore[assignment]
+    dist.barrier()
+    start = time.perf_counter()
+    if kind == "torch":
+        dist.new_subgroups_by_enumeration(grid.get_rank_enum("tp"))
+    else:
+        grid.create_pg("tp")
+    seconds = time.perf_counter() - start
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, seconds)
+    return float(max(everyone))
+
+
+def first_rows(world: int, repeats: int, timeout_s: float) -> list[dict[str, Any]]:
+    """``--first``: the worst rank of the worst of ``repeats`` fresh jobs, for each kind, taking turns."""
+    worst = {kind: 0.0 for kind in ("torch", "hypergrid", "guard")}
+    for _ in range(repeats):
+        for kind in worst:
+            worst[kind] = max(worst[kind], spawn(first_rank, world, (kind,), timeout_s=timeout_s)[0])
+    budget = 2 * worst["torch"] + worst["guard"]
+    return [{"mode": "first", "world": world, "repeats": repeats, **{f"{k}_ms": v * 1e3 for k, v in worst.items()},
+             "ratio_to_budget": worst["hypergrid"] / budget}]  # fmt: skip
+
+
+def print_first_table(rows: list[dict[str, Any]]) -> None:
+    print("world  torch first(ms)  guard round(ms)  hypergrid first(ms)  hypergrid / (2 x torch + guard)")
+    for row in rows:
+        print(f"{row['world']:>5}  {row['torch_ms']:>15.1f}  {row['guard_ms']:>15.1f}  {row['hypergrid_ms']:>19.1f}"
+              f"  {row['ratio_to_budget']:>30.2f}")  # fmt: skip
 
 
 def gloo_rows(
@@ -317,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="hard limit per world in seconds")
     parser.add_argument("--json", type=pathlib.Path)
     parser.add_argument("--sharing", action="store_true", help="sharing on and off on a tp = cp = 1 grid")
+    parser.add_argument("--first", action="store_true", help="a job's first creation against torch's own")
     args = parser.parse_args(argv)
     try:
         worlds = [int(w) for w in args.world.split(",")]
@@ -335,13 +382,15 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for world in worlds:
         print(f"# world {world} ...", file=sys.stderr, flush=True)
-        if args.sharing:
+        if args.first:
+            rows += first_rows(world, args.repeats, args.timeout)
+        elif args.sharing:
             rows += sharing_rows(world, strategies, args.fake, args.repeats, args.timeout)
         elif args.fake:
             rows += fake_rows(world, strategies, args.samples)
         else:
             rows += gloo_rows(world, strategies, guards, args.repeats, args.timeout, apis)
-    (print_sharing_table if args.sharing else print_table)(rows)
+    (print_first_table if args.first else print_sharing_table if args.sharing else print_table)(rows)
     if args.json:
         write_json(args.json, rows)
     return 0
