@@ -46,6 +46,10 @@ PLAN_CASES = {
         *("--sizes", "a=1048575,b=1,c=1,d=1,e=1,f=1", "--split"),
         *("--traffic", "a:all_reduce:1M,b-c:all_gather:1G,f:all_reduce:1K"),
     ],
+    "5,000 entries over every split order": [
+        *("--sizes", "a=4,b=4,c=4,d=4,e=4,f=4,g=2", "--split"),
+        *("--traffic", ",".join(["a:all_reduce:1M"] * 5000)),
+    ],
     "grid nodes cannot cut, 2**31-2 ranks": ["--sizes", "a=2147483646", "--traffic", "a:all_reduce:1M"],
     "topology json nested 100,000 deep": ["--sizes", "tp=2", *TRAFFIC, "--topology", "{tmp}/deep.json"],
     "empty traffic": ["--sizes", "tp=2", "--traffic", ""],

@@ -11,7 +11,7 @@ import pytest
 from hypergrid import HyperGridError, InvalidArgumentError
 from hypergrid.cluster.spans import MAX_ENUMERATED_RANKS
 from hypergrid.topology import Tier, Topology, Traffic, llm_step_traffic, plan
-from hypergrid.topology.planner import MAX_PLAN_LISTED_RANKS, MAX_PLAN_ORDERS
+from hypergrid.topology.planner import MAX_PLAN_LISTED_RANKS, MAX_PLAN_ORDERS, MAX_PLAN_PRICES
 from hypergrid.values import shown
 
 pytestmark = pytest.mark.timeout(120)
@@ -133,6 +133,24 @@ def test_pricing_that_lists_too_many_ranks_is_refused(sizes: dict[str, int]) -> 
     traffic = [Traffic("a", "all_reduce", 1e6), Traffic("b-c", "all_gather", 1e9), Traffic("f", "all_reduce", 1e3)]
     with pytest.raises(InvalidArgumentError, match=f"more than {MAX_PLAN_LISTED_RANKS:,} ranks"):
         plan(sizes, traffic, "h100_8x", split=True)
+
+
+def test_many_entries_over_many_orders_are_refused_before_pricing() -> None:
+    # 95,760 orders (7 dims, 6 splits) x 28 entries: each order prices each entry
+    sizes = {"a": 4, "b": 4, "c": 4, "d": 4, "e": 4, "f": 4, "g": 2}
+    traffic = [Traffic(dim, "all_reduce", 1e6) for dim in sizes] * 4
+    with pytest.raises(InvalidArgumentError, match=f"2,681,280 prices\\); at most {MAX_PLAN_PRICES:,}"):
+        plan(sizes, traffic, "h100_8x", split=True)
+
+
+def test_entries_on_one_family_add_up_as_before() -> None:
+    # entries on the same dims are priced together: the family's seconds are their sum, in the order given
+    one, two = Traffic("tp", "all_reduce", 1e6, calls=3), Traffic("tp", "all_gather", 1e8)
+    both = plan({"tp": 8, "dp": 4}, [one, Traffic("dp", "all_reduce", 1e9), two], "h100_8x")
+    for p in both:
+        alone = [plan({"tp": 8, "dp": 4}, [t], "h100_8x") for t in (one, two)]
+        parts = [next(q.seconds for q in plans if q.order == p.order) for plans in alone]
+        assert p.families["tp"] == parts[0] + parts[1]
 
 
 def test_a_grid_too_large_to_list_is_refused_not_allocated() -> None:
