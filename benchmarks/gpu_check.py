@@ -14,7 +14,8 @@ One process per GPU. The steps (`plan_steps` says which run and why the others d
   (benchmarks/gpu_workers.py).
 - ``death`` (2 GPUs or more): the last rank exits without a word in the middle
   of NCCL all-reduces; each survivor must get ``RankFailure`` naming it (NCCL's
-  communicator aborted), ``shrink`` to the others and all-reduce on the new grid.
+  communicator aborted), ``shrink`` to the others and all-reduce on the new grid
+  (benchmarks/gpu_death.py).
 - ``allreduce``: benchmarks/allreduce.py under torchrun: algbw and busbw as
   nccl-tests computes them, hypergrid's groups and plain ``new_group`` ones
   (the raw torch.distributed baseline) side by side in the same run, from 8 bytes
@@ -87,7 +88,7 @@ def plan_steps(gpus: int) -> list[Step]:
         >>> [s.skipped for s in plan_steps(1)][1]
         'needs 2 GPUs or more: a world of one has no peer to lose'
     """
-    workers, bench = "benchmarks/gpu_workers.py", "benchmarks/allreduce.py"
+    workers, death, bench = "benchmarks/gpu_workers.py", "benchmarks/gpu_death.py", "benchmarks/allreduce.py"
     if gpus < 1:
         why = "no CUDA GPU here (or no NCCL in this torch): nothing of NCCL can run"
         return [Step(name, 0, (), 0.0, why) for name in ("ops", "death", "allreduce")]
@@ -100,7 +101,7 @@ def plan_steps(gpus: int) -> list[Step]:
     one = "one rank: busbw is 0 by nccl-tests' factor 2(n-1)/n, algbw is the GPU's own copy" if gpus == 1 else ""
     return [
         Step("ops", gpus, _torchrun(gpus, workers, "ops"), 0.35, note=ops_note),
-        Step("death", gpus, (sys.executable, workers, "death", "--nprocs", str(gpus), "--timeout", "40"), 0.35)
+        Step("death", gpus, (sys.executable, death, "--nprocs", str(gpus), "--timeout", "40"), 0.35)
         if gpus >= 2
         else Step("death", gpus, (), 0.0, "needs 2 GPUs or more: a world of one has no peer to lose"),
         Step("allreduce", gpus, _torchrun(gpus, bench, *bench_args), 0.30, note=one),

@@ -1,7 +1,6 @@
-"""What each rank runs for ``make gpu-check`` (benchmarks/gpu_check.py plans and launches these).
+"""What each rank runs for ``make gpu-check``'s ``ops`` step (benchmarks/gpu_check.py plans and launches it).
 
     torchrun --standalone --nproc-per-node N benchmarks/gpu_workers.py ops
-    python benchmarks/gpu_workers.py death --nprocs N --timeout 120
 
 ``ops`` runs under torchrun (``env://``): every rank joins with
 `hypergrid.init_from_env` ("nccl": ``torch.cuda.set_device`` by ``LOCAL_RANK``,
@@ -12,16 +11,11 @@ collectives, gradient averaging, the pipeline exchange, the bridge between two
 grids and the autograd mappings. Rank 0 prints one line per check and rank; the
 exit status is 1 if any failed.
 
-``death`` starts N NCCL ranks with `hypergrid.spawn` (``allow_deaths``: torchrun
-would stop every worker at the first death): the last rank exits in the middle
-of a training loop; each survivor must see ``RankFailure`` naming it, ``shrink``
-to a world of N - 1 and all-reduce on the new grid.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
 import pathlib
@@ -35,7 +29,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import torch
 import torch.distributed as dist
 
-from hypergrid import Bridge, HyperCommGrid, RankFailure, autograd, init_from_env, spawn
+from hypergrid import Bridge, HyperCommGrid, autograd, init_from_env
 from hypergrid.values import first_line
 
 #: The sub-checks of ``ops``, in the order they run (gpu_check.py lists them in its plan).
@@ -71,7 +65,7 @@ def grid_shape(world: int) -> list[int]:
     return [tp, pp, world // (tp * pp)]
 
 
-def _value(rank: int, device: torch.device, size: int = 4) -> torch.Tensor:
+def rank_tensor(rank: int, device: torch.device, size: int = 4) -> torch.Tensor:
     return torch.full((size,), float(rank + 1), device=device)
 
 
@@ -95,7 +89,7 @@ def _created(strategy: str) -> Callable[[torch.device], None]:
                 torch.tensor(grid.layout.group_ranks(list(family), rank)),
                 f"members of {family}",
             )
-            tensor = _value(rank, device)
+            tensor = rank_tensor(rank, device)
             dist.all_reduce(tensor, group=group)
             members = grid.layout.group_ranks(list(family), rank)
             _expect(tensor, torch.full((4,), float(sum(m + 1 for m in members)), device=device), f"sum on {family}")
@@ -113,7 +107,7 @@ def _collectives(grid: HyperCommGrid, device: torch.device) -> dict[str, Callabl
 
     def all_reduce(async_op: bool) -> None:
         for family in _families(grid):
-            tensor = _value(rank, device)
+            tensor = rank_tensor(rank, device)
             work = grid.all_reduce(tensor, list(family), async_op=async_op)
             if async_op:
                 assert work is not None
@@ -122,8 +116,8 @@ def _collectives(grid: HyperCommGrid, device: torch.device) -> dict[str, Callabl
 
     def all_gather() -> None:
         for family in _families(grid):
-            got = grid.all_gather(_value(rank, device, 2), list(family))
-            _expect(got, torch.cat([_value(m, device, 2) for m in members(family)]), f"all_gather {family}")
+            got = grid.all_gather(rank_tensor(rank, device, 2), list(family))
+            _expect(got, torch.cat([rank_tensor(m, device, 2) for m in members(family)]), f"all_gather {family}")
 
     def reduce_scatter() -> None:
         for family in _families(grid):
@@ -135,9 +129,9 @@ def _collectives(grid: HyperCommGrid, device: torch.device) -> dict[str, Callabl
 
     def broadcast() -> None:
         for family in _families(grid):
-            tensor = _value(rank, device)
+            tensor = rank_tensor(rank, device)
             grid.broadcast(tensor, list(family), group_src=0)
-            _expect(tensor, _value(members(family)[0], device), f"broadcast {family}")
+            _expect(tensor, rank_tensor(members(family)[0], device), f"broadcast {family}")
 
     def barrier() -> None:
         for family in _families(grid):
@@ -145,7 +139,7 @@ def _collectives(grid: HyperCommGrid, device: torch.device) -> dict[str, Callabl
 
     def hierarchical() -> None:
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
-        tensor = _value(rank, device, 8)
+        tensor = rank_tensor(rank, device, 8)
         grid.hierarchical_all_reduce(tensor, ["tp", "pp", "dp"], ranks_per_node=per_node)
         _expect(tensor, torch.full((8,), float(sum(range(1, dist.get_world_size() + 1))), device=device), "sum")
 
@@ -162,7 +156,7 @@ def _collectives(grid: HyperCommGrid, device: torch.device) -> dict[str, Callabl
 
 def _checked(device: torch.device) -> None:
     grid = HyperCommGrid(grid_shape(dist.get_world_size()), ["tp", "pp", "dp"], check_collectives=True)
-    tensor = _value(dist.get_rank(), device)
+    tensor = rank_tensor(dist.get_rank(), device)
     grid.all_reduce(tensor, "dp")
     members = grid.layout.group_ranks(["dp"], dist.get_rank())
     _expect(tensor, torch.full((4,), float(sum(m + 1 for m in members)), device=device), "checked sum")
@@ -186,8 +180,8 @@ def _exchange(grid: HyperCommGrid, device: torch.device) -> None:
     rank = dist.get_rank()
     stage, stages = grid.layout.coords_of(rank)[1], grid.layout.dim_size("pp")
     received = torch.full((4,), -1.0, device=device)
-    grid.exchange("pp", send_next=_value(rank, device), recv_prev=received)
-    want = _value(grid.prev_rank("pp"), device) if stage > 0 else torch.full((4,), -1.0, device=device)
+    grid.exchange("pp", send_next=rank_tensor(rank, device), recv_prev=received)
+    want = rank_tensor(grid.prev_rank("pp"), device) if stage > 0 else torch.full((4,), -1.0, device=device)
     _expect(received, want, f"exchange on stage {stage} of {stages}")
 
 
@@ -233,7 +227,7 @@ def _autograd(grid: HyperCommGrid, device: torch.device) -> None:
     x = torch.ones(2 * n, device=device, requires_grad=True)
     (autograd.copy_to(x, grid, "tp") * (rank + 1)).sum().backward()  # backward: all-reduce
     _expect(x.grad, torch.full((2 * n,), total, device=device), "copy_to backward")
-    x = _value(rank, device).requires_grad_()
+    x = rank_tensor(rank, device).requires_grad_()
     y = autograd.reduce_from(x, grid, "tp")
     (y * 2).sum().backward()  # forward: all-reduce; backward: identity
     _expect(y.detach(), torch.full((4,), total, device=device), "reduce_from forward")
@@ -243,20 +237,20 @@ def _autograd(grid: HyperCommGrid, device: torch.device) -> None:
     (y * (rank + 1)).sum().backward()  # forward: own chunk; backward: all-gather
     _expect(y.detach(), torch.arange(2.0 * place, 2.0 * place + 2, device=device), "scatter_to forward")
     _expect(x.grad, torch.cat([torch.full((2,), float(m + 1), device=device) for m in members]), "scatter_to backward")
-    x = _value(rank, device, 2).requires_grad_()
+    x = rank_tensor(rank, device, 2).requires_grad_()
     y = autograd.gather_from(x, grid, "tp")
     (y * torch.arange(2.0 * n, device=device)).sum().backward()  # backward: own chunk
-    _expect(y.detach(), torch.cat([_value(m, device, 2) for m in members]), "gather_from forward")
+    _expect(y.detach(), torch.cat([rank_tensor(m, device, 2) for m in members]), "gather_from forward")
     _expect(x.grad, torch.arange(2.0 * place, 2.0 * place + 2, device=device), "gather_from backward")
     x = torch.ones(2 * n, device=device, requires_grad=True)
     y = autograd.reduce_scatter_to(x, grid, "tp")
     (y * (rank + 1)).sum().backward()  # forward: reduce-scatter; backward: all-gather
     _expect(y.detach(), torch.full((2,), float(n), device=device), "reduce_scatter_to forward")
     _expect(x.grad, torch.cat([torch.full((2,), float(m + 1), device=device) for m in members]), "rs backward")
-    x = _value(rank, device, 2).requires_grad_()
+    x = rank_tensor(rank, device, 2).requires_grad_()
     y = autograd.gather_from_sequence(x, grid, "tp")
     y.sum().backward()  # forward: all-gather; backward: reduce-scatter of ones
-    _expect(y.detach(), torch.cat([_value(m, device, 2) for m in members]), "gather_from_sequence forward")
+    _expect(y.detach(), torch.cat([rank_tensor(m, device, 2) for m in members]), "gather_from_sequence forward")
     _expect(x.grad, torch.full((2,), float(n), device=device), "gather_from_sequence backward")
 
 
@@ -313,85 +307,15 @@ def ops() -> int:
     return 1 if failed else 0
 
 
-def death_scenario(timeout_s: float) -> dict[str, Any]:
-    """One rank of ``death``: the last rank exits mid-loop; a survivor sees RankFailure, shrinks and all-reduces."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    grid = HyperCommGrid(
-        [world], ["dp"], guard_timeout_s=timeout_s, group_options={"timeout": datetime.timedelta(seconds=timeout_s)}
-    )
-    grid.create_pg("dp")
-    tensor = _value(rank, device)
-    grid.all_reduce(tensor, "dp")
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    dist.barrier()
-    if rank == world - 1:
-        os._exit(3)  # no word to anyone: what a lost node looks like
-    out: dict[str, Any] = {"rank": rank}
-    started = time.monotonic()
-    try:
-        for _ in range(1000):  # hypergrid's wait on the NCCL work (never blocking the host), then the host's
-            work = grid.all_reduce(_value(rank, device), "dp", async_op=True)
-            assert work is not None
-            work.wait()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-        out["failure"] = "none seen in 1000 all-reduces"
-        return out
-    except RankFailure as failure:
-        out["failure"] = f"RankFailure dead={list(failure.dead)} after {time.monotonic() - started:.2f} s"
-    except Exception as error:  # the finding: NCCL's error was not turned into RankFailure
-        out["failure"] = f"not RankFailure: {type(error).__name__}: {first_line(error)[:300]}"
-        return out
-    started = time.monotonic()
-    regrid = grid.shrink(dim="dp", timeout_s=timeout_s)
-    out["shrink"] = f"epoch {regrid.epoch}, dead {list(regrid.dead)}, {time.monotonic() - started:.2f} s"
-    if regrid.grid is not None:
-        tensor = _value(dist.get_rank(), device)
-        regrid.grid.all_reduce(tensor, "dp")
-        out["after"] = tensor.cpu().tolist()
-        out["new_world"] = dist.get_world_size()
-    return out
-
-
-def death(nprocs: int, timeout_s: float) -> int:
-    """``death_scenario`` on ``nprocs`` NCCL ranks; prints each survivor's account. Exit status."""
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    os.environ.setdefault("HYPERGRID_PROBE_S", "10")  # a roll call after 10 s of waiting, before NCCL's own timeout
-    outcomes = spawn(death_scenario, nprocs, (timeout_s,), backend=backend, timeout_s=timeout_s * 4, allow_deaths=True)
-    survivors = [o for o in outcomes if isinstance(o, dict)]
-    for lost in outcomes[:-1]:
-        if not isinstance(lost, dict):  # a survivor that died too (NCCL's watchdog tearing the process down, say)
-            print(f"survivor lost: {lost!r}")
-    print(f"# death on {nprocs} ranks, backend {backend}: rank {nprocs - 1} exits, {len(survivors)} survivors report")
-    want = [float(sum(range(1, nprocs)))] * 4
-    bad = len(survivors) != nprocs - 1
-    for outcome in survivors:
-        print(
-            f"rank {outcome['rank']}: {outcome.get('failure')}; shrink: {outcome.get('shrink')}; "
-            f"new world {outcome.get('new_world')}, all_reduce {outcome.get('after')}"
-        )
-        bad = bad or not str(outcome.get("failure", "")).startswith(f"RankFailure dead=[{nprocs - 1}]")
-        bad = bad or outcome.get("after") != want
-    print(
-        f"# death: {'as expected' if not bad else 'NOT as expected'} (RankFailure naming rank {nprocs - 1}, "
-        f"shrink to {nprocs - 1}, all-reduce {want[0]:g} on the new grid)"
-    )
-    return 1 if bad else 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("worker", choices=("ops", "death"))
-    parser.add_argument("--nprocs", type=int, default=2, help="death: ranks to start (one per GPU)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="death: group and guard timeout in seconds")
+    parser.add_argument("worker", choices=("ops",), help="what to run (under torchrun)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return ops() if args.worker == "ops" else death(args.nprocs, args.timeout)
+    build_parser().parse_args(argv)
+    return ops()
 
 
 if __name__ == "__main__":

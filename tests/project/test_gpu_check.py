@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from benchmarks import allreduce, gpu_workers
+from benchmarks import allreduce, gpu_death, gpu_workers
 from benchmarks.gpu_check import ROOT, plan_steps
 
 pytestmark = pytest.mark.timeout(120)
@@ -49,9 +49,11 @@ def test_every_planned_step_is_launchable_as_written(gpus: int) -> None:
             parsed = allreduce.build_parser().parse_args(args)
             config = allreduce.config_from_args(parsed, allreduce.build_parser())
             assert parsed.backend == "nccl" and torch.Size(config["shape"]).numel() == gpus
+        elif script.endswith("gpu_workers.py"):
+            assert nproc == gpus and gpu_workers.build_parser().parse_args(args).worker == "ops"
         else:
-            parsed = gpu_workers.build_parser().parse_args(args)
-            assert nproc == gpus if parsed.worker == "ops" else parsed.nprocs == gpus
+            assert script.endswith("gpu_death.py") and nproc is None  # spawn, not torchrun
+            assert gpu_death.build_parser().parse_args(args).nprocs == gpus
     assert sum(s.share for s in steps if not s.skipped) <= 1.0
 
 
