@@ -8,7 +8,7 @@ PIP_TORCH_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hypergrid-installed
 
-.PHONY: demo test lint docs bench clean test-frameworks bench-frameworks test-megatron bench-megatron
+.PHONY: demo test lint docs bench clean test-frameworks bench-frameworks test-megatron bench-megatron gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,13 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/creation.py --world 4,8,16 --guard on,off --json bench-results/creation.json
 	$(BIN)/python benchmarks/creation.py --fake --world 1024,16384,65536 --json bench-results/creation_fake.json
 	$(BIN)/python benchmarks/bridge.py --bytes 16M --iters 20 --warmup 3 --json bench-results/bridge.json
+
+# The NCCL paths on every GPU this machine has, at most about 8 minutes (benchmarks/gpu_check.py; docs/performance.md):
+# grid creation and every operation on CUDA tensors, the bridge, autograd, a death under NCCL, the all-reduce
+# benchmark beside raw torch.distributed. Without a GPU it says so and exits 0.
+gpu-check: $(STAMP)
+	mkdir -p bench-results
+	$(BIN)/python benchmarks/gpu_check.py --json bench-results/gpu_check.json
 
 # The optional framework tier: torchtitan and DeepSpeed in their own environment (.venv/frameworks), the
 # oracle tests of tests/frameworks (hypergrid's meshes and grids against the frameworks' own) on CPU and gloo.

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
@@ -30,9 +31,12 @@ from hypergrid.errors import BackendError, CreationRefusedError, InvalidArgument
 from hypergrid.launch import sockets
 from hypergrid.values import first_line, shown
 
-__all__ = ["STRATEGIES", "check_strategy", "check_can_split", "create_family"]
+__all__ = ["STRATEGIES", "check_strategy", "check_can_split", "check_creatable", "create_family"]
 
 STRATEGIES = ("enumerate", "local", "split")
+
+#: The torch function each strategy creates with (looked up on torch.distributed when called).
+_CREATORS = {"enumerate": "new_subgroups_by_enumeration", "local": "new_group", "split": "split_group"}
 
 # Members-only groups this world has made: (ranks, groups held at the time) -> the torch name.
 _local_names = PerWorld()
@@ -71,6 +75,46 @@ def check_can_split(backend: str | None) -> None:
             "strategy 'split' needs the default group to be NCCL bound to a device "
             f"(init_process_group('nccl', device_id=...)); this one is {shown(default_backend)} {bound}; "
             "use strategy 'enumerate' or 'local'"
+        )
+
+
+def check_creatable(strategy: str, backend: str | None, what: str) -> None:
+    """Refuse, before any wait, a backend torch cannot create here with ``strategy`` (``what``: the call, families).
+
+    Checked where torch's own function will create the groups: a test that
+    stands in for it (Megatron-Core's mocked ``new_subgroups_by_enumeration``
+    naming NCCL on a CPU machine) creates nothing, so nothing is refused. A
+    backend this torch was built without (``torch.distributed.is_mpi_available()``,
+    ...), plain ``"nccl"`` without a CUDA device, and MPI members-only groups
+    (torch has no ``use_local_synchronization`` for MPI) are refused.
+
+    Raises:
+        BackendError: one line naming the backend, the call and what this machine lacks.
+
+    Examples:
+        >>> check_creatable("enumerate", "gloo", "create_pg 'dp'")
+        >>> check_creatable("local", "mpi", "create_pg 'dp'")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+          ...
+        hypergrid.errors.BackendError: create_pg 'dp' with backend 'mpi': torch makes no members-only MPI groups ...
+    """
+    names = set() if backend is None else {pair.rpartition(":")[2] for pair in backend.split(",")}
+    if strategy == "local" and "mpi" in names:
+        raise BackendError(
+            f"{what} with backend {shown(backend)}: torch makes no members-only MPI groups "
+            "(no use_local_synchronization for MPI); use strategy 'enumerate'"
+        )
+    creator = _CREATORS[strategy]
+    if getattr(dist, creator) is not getattr(c10d, creator):
+        return  # stood in for: nothing is created here, so nothing is refused
+    missing = unavailable_backend(backend)
+    why = f"torch.distributed.is_{missing}_available() is not True"
+    if missing is None and backend == "nccl" and not torch.cuda.is_available():
+        missing, why = "nccl", "NCCL groups need CUDA devices and torch.cuda.is_available() is False"
+    if missing is not None:
+        raise BackendError(
+            f"{what} with backend {shown(backend)}: backend {missing!r} is not available on this machine ({why}); "
+            "refused before any rank waits: use another backend or a machine and torch built with it"
         )
 
 

@@ -20,7 +20,7 @@ from hypergrid.errors import InvalidArgumentError, public
 from hypergrid.layout import MAX_WORLD_SIZE, Dims, GridLayout
 from hypergrid.validation import check_ints
 
-__all__ = ["MAX_ENUMERATED_RANKS", "Span", "family_spans", "span_at"]
+__all__ = ["MAX_ENUMERATED_RANKS", "Span", "family_spans", "listed_ranks", "span_at", "span_key"]
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,39 @@ def _analytic(shape: tuple[int, ...], chosen: tuple[int, ...], unit_ranks: tuple
 MAX_ENUMERATED_RANKS = 2**20
 
 
+def span_key(shape: tuple[int, ...], chosen: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``shape`` and ``chosen`` without the dims of size 1, which change no rank's place (nor any span).
+
+    The orders of a grid that differ only in where its size-1 dims sit have one
+    key, so they share one `span_at` (the planner prices n! orders, and each
+    distinct one may list up to `MAX_ENUMERATED_RANKS` ranks).
+
+    Examples:
+        >>> span_key((1, 4, 1, 2), (0, 1, 3))
+        ((4, 2), (0, 1))
+    """
+    if 1 not in shape:
+        return shape, chosen
+    kept = [i for i, size in enumerate(shape) if size > 1]
+    position = {i: k for k, i in enumerate(kept)}
+    return tuple(shape[i] for i in kept), tuple(position[i] for i in chosen if i in position)
+
+
+def listed_ranks(shape: tuple[int, ...], chosen: tuple[int, ...], unit_ranks: tuple[int, ...]) -> int:
+    """How many ranks `span_at` lists for a `span_key` (0 where the units cut the grid along its dims).
+
+    Examples:
+        >>> listed_ranks((8, 4), (1,), (8,)), listed_ranks((3, 5), (1,), (8,))
+        (0, 15)
+    """
+    return 0 if not chosen or _analytic(shape, chosen, unit_ranks) is not None else math.prod(shape)
+
+
 @lru_cache(maxsize=65536)
 def span_at(shape: tuple[int, ...], chosen: tuple[int, ...], unit_ranks: tuple[int, ...]) -> Span:
     """`family_spans` for validated input: the family over dim positions ``chosen`` (sorted) of ``shape``."""
+    if not chosen:  # groups of one rank (every dim of the family has size 1)
+        return Span(1, (1,) * (len(unit_ranks) + 1), (1,) * (len(unit_ranks) + 1), (False,) * (len(unit_ranks) + 1))
     fast = _analytic(shape, chosen, unit_ranks)
     if fast is not None:
         return fast
@@ -149,4 +179,4 @@ def family_spans(sizes: Sequence[int], dim_names: Sequence[str], dims: Dims, uni
     """
     layout = GridLayout(sizes, dim_names)
     units = check_ints("family_spans", "unit_ranks", unit_ranks, 1, MAX_WORLD_SIZE, limit=64, ordered=True)
-    return span_at(layout.shape, layout.dim_indices(dims), tuple(units))
+    return span_at(*span_key(layout.shape, layout.dim_indices(dims)), tuple(units))

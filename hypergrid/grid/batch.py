@@ -25,7 +25,7 @@ from hypergrid.agreement.guard import (
 )
 from hypergrid.agreement.world import ensure_watching
 from hypergrid.binding import alarm
-from hypergrid.binding.creation import check_can_split, check_strategy, create_family
+from hypergrid.binding.creation import check_can_split, check_creatable, check_strategy, create_family
 from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import check_live
 from hypergrid.binding.options import check_tag, describe_options, family_options
@@ -329,6 +329,8 @@ class GuardedCreation(GridFacet):
         ensure_watching()  # this rank answers the world's roll calls from now on (agreement.world)
         if chosen == "split":
             check_can_split(backend)
+        families = ", ".join(repr(guard_key(key)) for key, _, _ in plans)
+        check_creatable(chosen, backend, f"{call} {families}")  # before the guard waits for the other ranks
         # Only members-only creation needs the caller's own group: skip that O(group) work otherwise.
         rank = dist.get_rank()
         local = chosen == "local" and self.layout.contains(rank)

@@ -70,7 +70,8 @@ def gradient_buckets(
 
     Raises:
         InvalidArgumentError: ``bucket_mb`` is not a positive number, a gradient is
-            sparse, or a DTensor gradient whose local shards differ among ``members``.
+            sparse or of an integer or bool dtype, or a DTensor gradient whose local
+            shards differ among ``members``.
 
     Examples:
         >>> ps = [torch.zeros(3, requires_grad=True) for _ in range(3)]
@@ -89,6 +90,11 @@ def gradient_buckets(
             raise InvalidArgumentError(
                 f"average_gradients: a parameter of shape {list(param.shape)} has a sparse gradient; "
                 "only dense gradients are bucketed"
+            )
+        if not (grad.is_floating_point() or grad.is_complex()):
+            raise InvalidArgumentError(
+                f"average_gradients: parameter {index} (shape {list(param.shape)}) has a gradient of dtype "
+                f"{grad.dtype}, which an average cannot be written back to; expected a floating-point gradient"
             )
         size = grad.numel() * grad.element_size()
         bucket, used = open_buckets.setdefault((grad.dtype, grad.device), ([], [0]))
@@ -184,7 +190,7 @@ class Gradients(GridFacet):
 
         Raises:
             DimsError: unknown, repeated or no dims.
-            InvalidArgumentError: not a module or tensors, a sparse gradient, or a bad ``bucket_mb``.
+            InvalidArgumentError: not a module or tensors, a sparse or integer gradient, or a bad ``bucket_mb``.
             RankError: the caller is outside the grid.
             CollectiveMismatchError: (checked collectives) the members' gradients differ in
                 count, shape, dtype or buckets, or their calls can never meet.

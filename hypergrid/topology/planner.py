@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypergrid.cluster.spans import span_at
+from hypergrid.cluster.spans import listed_ranks, span_at, span_key
 from hypergrid.cluster.tiers import Topology
 from hypergrid.errors import DimsError, GridSpecError, InvalidArgumentError, public
 from hypergrid.layout import GridLayout
@@ -17,7 +17,7 @@ from hypergrid.topology.traffic import Traffic
 from hypergrid.validation import check_bool
 from hypergrid.values import is_int, shown
 
-__all__ = ["MAX_PLAN_DIMS", "MAX_PLAN_ORDERS", "Plan", "plan"]
+__all__ = ["MAX_PLAN_DIMS", "MAX_PLAN_LISTED_RANKS", "MAX_PLAN_ORDERS", "MAX_PLAN_PRICES", "Plan", "plan"]
 
 #: ``plan`` prices n! orders: it refuses more dims than this (8! = 40,320 orders).
 MAX_PLAN_DIMS = 8
@@ -25,6 +25,15 @@ MAX_PLAN_DIMS = 8
 #: ``plan`` refuses to price more orders than this in one call (split orders included): about
 #: 2 s on one core (22 us per order with three traffic entries, measured on the 2-core box).
 MAX_PLAN_ORDERS = 100_000
+
+#: Where a tier's units do not cut the grid along its dims, a family's span is found by listing its
+#: ranks, once per distinct order of the dims larger than 1: ``plan`` refuses to list more ranks than
+#: this in one call (0.3 to 2 s at 20 to 120 ns a rank on the shared 2-core box; a listing counts 4,096 at least).
+MAX_PLAN_LISTED_RANKS = 2**24
+
+#: ``plan`` refuses to price more than this many (order, traffic entry) pairs in one call: 1 to 5 s
+#: on the shared 2-core box.
+MAX_PLAN_PRICES = 2**21
 
 #: Suffixes of the two parts of a dim split across a tier boundary (``split=True``).
 INTRA, INTER = "_intra", "_inter"
@@ -114,28 +123,65 @@ def _check_traffic(traffic: object, sizes: Mapping[str, int]) -> list[Traffic]:
     return out
 
 
-def _price(
-    order: tuple[str, ...],
-    shape: tuple[int, ...],
-    traffic: list[Traffic],
-    topology: Topology,
-    parts: dict[str, list[str]],
-) -> dict[str, float]:
-    families: dict[str, float] = {}
-    for entry in traffic:
-        chosen = sorted(order.index(part) for dim in entry.dims for part in parts.get(dim, [dim]))
-        span = span_at(shape, tuple(chosen), topology.unit_ranks)
-        seconds = entry.calls * seconds_of(entry.op, entry.bytes, span, topology) if entry.calls else 0.0
-        total = families.get(entry.key, 0.0) + seconds
-        if not math.isfinite(total):  # figures at the ends of the float range (1e300 bytes over 1e-300 B/s)
-            raise InvalidArgumentError(
-                f"traffic {entry.op} on {shown(entry.key)} ({entry.bytes:g} bytes, {entry.calls} calls) costs "
-                f"more seconds "
-                f"than a float holds on tiers {[(t.name, t.bandwidth, t.latency) for t in topology.tiers]}; "
-                "check the units of bytes, bandwidth (bytes/s) and latency (s)"
-            )
-        families[entry.key] = total
-    return families
+@dataclass
+class _Pricing:
+    """One ``plan`` call's prices: the entries on each family summed, on each distinct `span_key` priced once.
+
+    Also counts the ranks listed to price unaligned grids (at most `MAX_PLAN_LISTED_RANKS`).
+    """
+
+    sizes: dict[str, int]
+    traffic: list[Traffic]
+    topology: Topology
+    seconds: dict[tuple[int, tuple[tuple[int, ...], tuple[int, ...]]], float] = field(default_factory=dict)
+    grids: set[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=set)
+    listed: int = 0
+
+    def __post_init__(self) -> None:
+        by_key: dict[str, list[Traffic]] = {}
+        for entry in self.traffic:
+            by_key.setdefault(entry.key, []).append(entry)
+        #: The families traffic runs on: key (as written), dims, entries (entries on one key are summed).
+        self.groups = [(key, entries[0].dims, entries) for key, entries in by_key.items()]
+
+    def families(self, position: dict[str, int], shape: tuple[int, ...], members: list[list[str]]) -> dict[str, float]:
+        """Each family's key to its seconds in an order (``position``: each dim's place in it).
+
+        ``members``: each of ``groups``' dims in this grid (a split dim stands for its two parts).
+        """
+        families: dict[str, float] = {}
+        for index, (name, _, entries) in enumerate(self.groups):
+            key = span_key(shape, tuple(sorted(position[dim] for dim in members[index])))
+            seconds = self.seconds.get((index, key))
+            if seconds is None:
+                seconds = self.seconds[index, key] = self._price(entries, key)
+            families[name] = seconds
+        return families
+
+    def _price(self, entries: list[Traffic], key: tuple[tuple[int, ...], tuple[int, ...]]) -> float:
+        units = self.topology.unit_ranks
+        span = span_at(*key, units)  # refuses a grid too large to list before listing it
+        if key not in self.grids:  # one listing serves every family over the same dims of the same grid
+            self.grids.add(key)
+            listed = listed_ranks(*key, units)
+            self.listed += max(listed, 4096) if listed else 0
+            if self.listed > MAX_PLAN_LISTED_RANKS:
+                raise InvalidArgumentError(
+                    f"plan would list more than {MAX_PLAN_LISTED_RANKS:,} ranks to price the orders of {self.sizes}: "
+                    f"the units of {list(units)} ranks do not cut these grids along their dims; give sizes "
+                    "that the units divide, fewer dims larger than 1, or plan without split=True (--split)"
+                )
+        total = 0.0
+        for entry in entries:
+            total += entry.calls * seconds_of(entry.op, entry.bytes, span, self.topology) if entry.calls else 0.0
+            if not math.isfinite(total):  # figures at the ends of the float range (1e300 bytes over 1e-300 B/s)
+                raise InvalidArgumentError(
+                    f"traffic {entry.op} on {shown(entry.key)} ({entry.bytes:g} bytes, {entry.calls} calls) costs "
+                    f"more seconds than a float holds on tiers "
+                    f"{[(t.name, t.bandwidth, t.latency) for t in self.topology.tiers]}; "
+                    "check the units of bytes, bandwidth (bytes/s) and latency (s)"
+                )
+        return total
 
 
 def _proper_divisors(size: int) -> list[int]:
@@ -182,8 +228,10 @@ def plan(
     Raises:
         GridSpecError: empty sizes, a size that is not a positive int, a bad dim name.
         InvalidArgumentError: more than 8 dims (9 with a split dim), more than
-            `MAX_PLAN_ORDERS` orders to price, a bad topology or traffic, or
-            figures whose cost a float cannot hold.
+            `MAX_PLAN_ORDERS` orders or `MAX_PLAN_PRICES` (order, entry) pairs to
+            price, more than `MAX_PLAN_LISTED_RANKS` ranks
+            to list (tiers whose units do not cut the grids along their dims), a bad
+            topology or traffic, or figures whose cost a float cannot hold.
         DimsError: traffic on a dim not in ``sizes``.
 
     Examples:
@@ -211,13 +259,29 @@ def plan(
         )
     if split:
         candidates += [(parted, {dim: [dim + INTRA, dim + INTER]}) for dim, parted in _splits(dims)]
-    plans = []
+    pricing = _Pricing(dims, entries, topo)
+    if orders * len(entries) > MAX_PLAN_PRICES:
+        raise InvalidArgumentError(
+            f"plan would price {orders:,} orders of {list(dims)}{' with every split' if split else ''} for "
+            f"{len(entries):,} traffic entries ({orders * len(entries):,} prices); at most {MAX_PLAN_PRICES:,}: "
+            "give fewer entries (one per family and collective), drop dims of size 1, or plan without split=True"
+        )
+    plans: list[Plan] = []
     for grid_sizes, parts in candidates:
+        split_of = {dim: (pair[0], pair[1]) for dim, pair in parts.items()}
+        members = [[part for dim in dims for part in parts.get(dim, [dim])] for _, dims, _ in pricing.groups]
+        # Where the size-1 dims sit moves no rank: the orders that differ only there cost the same, priced once.
+        ones = {dim for dim, size in grid_sizes.items() if size == 1}
+        priced: dict[tuple[str, ...], tuple[dict[str, float], float]] = {}
         for order in itertools.permutations(grid_sizes):
-            if any(order.index(inter) - order.index(intra) < 2 for intra, inter in parts.values()):
+            position = {dim: index for index, dim in enumerate(order)}
+            if any(position[inter] - position[intra] < 2 for intra, inter in parts.values()):
                 continue  # intra is inner; adjacent parts would lay ranks out as the unsplit dim
             shape = tuple(grid_sizes[d] for d in order)
-            families = _price(order, shape, entries, topo, parts)
-            split_of = {dim: (pair[0], pair[1]) for dim, pair in parts.items()}
-            plans.append(Plan(order, shape, sum(families.values(), 0.0), families, split_of))
+            moving = tuple(d for d in order if d not in ones) if ones else order
+            if moving not in priced:
+                families = pricing.families(position, shape, members)
+                priced[moving] = families, sum(families.values(), 0.0)
+            families, seconds = priced[moving]
+            plans.append(Plan(order, shape, seconds, dict(families), split_of))
     return sorted(plans, key=lambda p: p.seconds)

@@ -42,6 +42,14 @@ PLAN_CASES = {
     "unknown flag": ["--sizes", "tp=2", *TRAFFIC, "--bogus"],
     "missing --sizes": TRAFFIC,
     "split over many dims": ["--sizes", "a=720720,b=1,c=1,d=1,e=1,f=1,g=1", "--split", "--traffic", "a:all_reduce:1M"],
+    "split of a large grid nodes cannot cut, size-1 dims": [
+        *("--sizes", "a=1048575,b=1,c=1,d=1,e=1,f=1", "--split"),
+        *("--traffic", "a:all_reduce:1M,b-c:all_gather:1G,f:all_reduce:1K"),
+    ],
+    "5,000 entries over every split order": [
+        *("--sizes", "a=4,b=4,c=4,d=4,e=4,f=4,g=2", "--split"),
+        *("--traffic", ",".join(["a:all_reduce:1M"] * 5000)),
+    ],
     "grid nodes cannot cut, 2**31-2 ranks": ["--sizes", "a=2147483646", "--traffic", "a:all_reduce:1M"],
     "topology json nested 100,000 deep": ["--sizes", "tp=2", *TRAFFIC, "--topology", "{tmp}/deep.json"],
     "empty traffic": ["--sizes", "tp=2", "--traffic", ""],
@@ -161,6 +169,8 @@ def test_the_bad_value_is_named(tmp_path: pathlib.Path) -> None:
     assert "'\u00b2'" in _run("plan", PLAN_CASES["superscript size"], tmp_path)[1]
     assert "/proc/nope/x.json" in _run("plan", PLAN_CASES["json under /proc"], tmp_path)[1]
     assert "100,000" in _run("plan", PLAN_CASES["split over many dims"], tmp_path)[1]
+    unaligned = PLAN_CASES["split of a large grid nodes cannot cut, size-1 dims"]
+    assert "16,777,216 ranks" in _run("plan", unaligned, tmp_path)[1]
 
 
 def test_png_without_matplotlib_is_refused_before_any_work(tmp_path: pathlib.Path) -> None:
@@ -173,6 +183,16 @@ def test_png_without_matplotlib_is_refused_before_any_work(tmp_path: pathlib.Pat
     code, stderr = _run("plan", ["--sizes", "tp=2", *TRAFFIC, "--png", str(out)], tmp_path, {"PYTHONPATH": path})
     _assert_one_line(code, stderr, "plan")
     assert "matplotlib" in stderr and not out.exists()
+
+
+def test_split_of_a_large_grid_with_size_one_dims_runs(tmp_path: pathlib.Path) -> None:
+    # 2**20 ranks and 5 dims of size 1: 34,920 orders, priced as the few orders of the dims larger than 1
+    argv = ["--sizes", "a=1048576,b=1,c=1,d=1,e=1,f=1", "--split", "--traffic", "a:all_reduce:1M,b-c:all_gather:1G"]
+    done = subprocess.run(
+        [sys.executable, "-m", "hypergrid", "plan", *argv, "--top", "3"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[2].split()[0] == "1", done.stdout[:300]
 
 
 def test_split_below_the_limit_runs(tmp_path: pathlib.Path) -> None:

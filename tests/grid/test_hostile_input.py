@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from hypergrid import (
     BackendError,
@@ -23,7 +24,9 @@ from hypergrid import (
     InvalidArgumentError,
     UnexpectedArgumentError,
 )
+from hypergrid.launch import spawn
 from hypergrid.values import MAX_TIMEOUT_S, shown
+from tests.workers import guard as guard_workers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -102,11 +105,58 @@ def test_a_backend_is_checked_by_name_and_torch_creates_it(monkeypatch: pytest.M
 @pytest.mark.skipif(not UNAVAILABLE, reason="every backend is built in here")
 def test_a_backend_torch_lacks_is_one_line_naming_it_and_the_family(one_rank_world: None) -> None:
     name = UNAVAILABLE[0]
-    with pytest.raises(BackendError) as error:
-        HyperCommGrid([1], ["dp"], backend=name).create_pg("dp")
+    made: list[Any] = []
+    real = dist.new_subgroups_by_enumeration
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(c10d, "new_subgroups_by_enumeration", lambda *a, **k: made.append(a) or real(*a, **k))
+        patch.setattr(dist, "new_subgroups_by_enumeration", c10d.new_subgroups_by_enumeration)
+        with pytest.raises(BackendError) as error:
+            HyperCommGrid([1], ["dp"], backend=name).create_pg("dp")
     text = str(error.value)
-    assert "\n" not in text and f"backend {name!r} is not available" in text and "[[0]]" in text, text
-    assert error.value.__cause__ is not None  # torch's own refusal
+    assert "\n" not in text and f"backend {name!r} is not available" in text and "'dp'" in text, text
+    assert "refused before any rank waits" in text and made == []  # torch was never asked
+
+
+def test_a_backend_torch_lacks_is_refused_before_the_guard_waits() -> None:
+    # Rank 0 alone asks (rank 1 never calls) with a guard timeout of 600 s: a wait would outlast the test's limit.
+    name = UNAVAILABLE[0] if UNAVAILABLE else "nccl"
+    if not UNAVAILABLE and torch.cuda.is_available():
+        pytest.skip("every backend is built in here and CUDA is present")
+    outcomes = spawn(guard_workers.unavailable_backend_alone, 2, (name,), timeout_s=90)
+    assert outcomes[1] == {}
+    for strategy, said in outcomes[0].items():
+        assert said.startswith("BackendError") and f"backend {name!r}" in said, (strategy, said)
+        assert "GuardTimeout" not in said and "create_pg 'dp@" not in said, said
+
+
+def test_plain_nccl_without_a_cuda_device_is_refused(monkeypatch: pytest.MonkeyPatch, one_rank_world: None) -> None:
+    # A torch built with NCCL on a machine without a GPU (stood in for: NCCL said available, CUDA said absent).
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(BackendError, match=r"torch.cuda.is_available\(\) is False"):
+        HyperCommGrid([1], ["dp"]).create_pg("dp", backend="nccl", tag="gpu")
+
+
+def test_members_only_mpi_groups_are_refused_by_name(one_rank_world: None) -> None:
+    # torch has no use_local_synchronization for MPI (it raised a bare ValueError), built in or not
+    with pytest.raises(BackendError, match="no members-only MPI groups"):
+        HyperCommGrid([1], ["dp"], strategy="local").create_pg("dp", backend="mpi", tag="mpi")
+
+
+def test_a_mocked_creation_is_not_refused_in_a_world(monkeypatch: pytest.MonkeyPatch, one_rank_world: None) -> None:
+    # Megatron-Core's pattern inside an initialized world: torch's creation stood in for, so NCCL named on a
+    # machine without it creates nothing, and nothing is refused (the stand-in gets exactly what we pass).
+    made: list[tuple[Any, dict[str, Any]]] = []
+    group = object()
+
+    def stand_in(rank_enum: Any, **kwargs: Any) -> tuple[Any, None]:
+        made.append((rank_enum, kwargs))
+        return group, None
+
+    monkeypatch.setattr(dist, "new_subgroups_by_enumeration", stand_in)
+    grid = HyperCommGrid([1], ["dp"], backend="nccl")
+    assert grid.create_pg("dp", group_desc="TEST_GROUP") is group
+    assert made[0][0] == [[0]] and made[0][1]["backend"] == "nccl", made
 
 
 @pytest.mark.parametrize(
@@ -225,6 +275,29 @@ def test_sparse_tensors_are_refused_by_gathering_collectives(call: str, one_rank
     grid = HyperCommGrid([1], ["dp"])
     with pytest.raises(InvalidArgumentError, match="dense"):
         getattr(grid, call)(torch.eye(2).to_sparse(), "dp")
+    grid.destroy()
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int8, torch.bool], ids=str)
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "unchecked"])
+def test_an_integer_gradient_is_refused_before_communicating(
+    dtype: torch.dtype, checked: bool, one_rank_world: None
+) -> None:
+    # torch raised "result type Float can't be cast to the desired output type Long" from the division
+    param = torch.zeros(3, dtype=dtype)
+    param.grad = torch.ones(3, dtype=dtype)
+    grid = HyperCommGrid([1], ["dp"], check_collectives=checked)
+    sent: list[str] = []
+    original = dist.all_reduce
+    dist.all_reduce = lambda *args, **kwargs: sent.append("all_reduce") or original(*args, **kwargs)
+    try:
+        with pytest.raises(InvalidArgumentError) as error:
+            grid.average_gradients([torch.zeros(2, requires_grad=True), param], "dp")
+    finally:
+        dist.all_reduce = original
+    text = str(error.value)
+    assert "\n" not in text and text.startswith("average_gradients: parameter 1") and str(dtype) in text, text
+    assert sent == [] and param.grad.tolist() == torch.ones(3, dtype=dtype).tolist()
     grid.destroy()
 
 

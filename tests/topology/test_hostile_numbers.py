@@ -11,7 +11,7 @@ import pytest
 from hypergrid import HyperGridError, InvalidArgumentError
 from hypergrid.cluster.spans import MAX_ENUMERATED_RANKS
 from hypergrid.topology import Tier, Topology, Traffic, llm_step_traffic, plan
-from hypergrid.topology.planner import MAX_PLAN_ORDERS
+from hypergrid.topology.planner import MAX_PLAN_LISTED_RANKS, MAX_PLAN_ORDERS, MAX_PLAN_PRICES
 from hypergrid.values import shown
 
 pytestmark = pytest.mark.timeout(120)
@@ -108,6 +108,49 @@ def test_split_counts_every_order_it_prices() -> None:
     # 7 dims, a=64 has 5 proper divisors: 7! unsplit + 5 x 7! x 6 / 2 split orders, under the limit
     sizes = {"a": 64, "b": 1, "c": 1, "d": 1, "e": 1, "f": 1, "g": 1}
     assert len(plan(sizes, [Traffic("a", "all_reduce", 1e6)], "h100_8x", split=True)) == 5040 + 5 * 15120
+
+
+def test_size_one_dims_are_priced_once_and_cost_what_the_grid_without_them_costs() -> None:
+    # a=1,048,576 split at each of its 19 proper divisors, with 5 dims of size 1: 34,920 orders, priced as the few
+    # orders of a's parts (where a size-1 dim sits moves no rank). Only size-1 dims separate a_intra from a_inter
+    # (intra inner), so every order lays ranks out as a alone: each costs what a alone costs.
+    traffic = [Traffic("a", "all_reduce", 1e6), Traffic("b-c", "all_gather", 1e9)]
+    plans = plan({"a": 2**20, "b": 1, "c": 1, "d": 1, "e": 1, "f": 1}, traffic, "h100_8x", split=True)
+    assert len(plans) == 720 + 19 * 1800
+    [alone] = plan({"a": 2**20}, traffic[:1], "h100_8x")
+    assert alone.seconds > 0
+    assert {p.seconds for p in plans} == {alone.seconds}
+    assert {p.families["b-c"] for p in plans} == {0.0}  # groups of one rank cost nothing
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [{"a": 1048575, "b": 1, "c": 1, "d": 1, "e": 1, "f": 1}, {"a": 3, "b": 5, "c": 7, "d": 9, "e": 11, "f": 13}],
+    ids=["large grid, size-1 dims", "six odd dims"],
+)
+def test_pricing_that_lists_too_many_ranks_is_refused(sizes: dict[str, int]) -> None:
+    # nodes of 8 ranks cut none of these grids along their dims: each distinct order lists its ranks
+    traffic = [Traffic("a", "all_reduce", 1e6), Traffic("b-c", "all_gather", 1e9), Traffic("f", "all_reduce", 1e3)]
+    with pytest.raises(InvalidArgumentError, match=f"more than {MAX_PLAN_LISTED_RANKS:,} ranks"):
+        plan(sizes, traffic, "h100_8x", split=True)
+
+
+def test_many_entries_over_many_orders_are_refused_before_pricing() -> None:
+    # 95,760 orders (7 dims, 6 splits) x 28 entries: each order prices each entry
+    sizes = {"a": 4, "b": 4, "c": 4, "d": 4, "e": 4, "f": 4, "g": 2}
+    traffic = [Traffic(dim, "all_reduce", 1e6) for dim in sizes] * 4
+    with pytest.raises(InvalidArgumentError, match=f"2,681,280 prices\\); at most {MAX_PLAN_PRICES:,}"):
+        plan(sizes, traffic, "h100_8x", split=True)
+
+
+def test_entries_on_one_family_add_up_as_before() -> None:
+    # entries on the same dims are priced together: the family's seconds are their sum, in the order given
+    one, two = Traffic("tp", "all_reduce", 1e6, calls=3), Traffic("tp", "all_gather", 1e8)
+    both = plan({"tp": 8, "dp": 4}, [one, Traffic("dp", "all_reduce", 1e9), two], "h100_8x")
+    for p in both:
+        alone = [plan({"tp": 8, "dp": 4}, [t], "h100_8x") for t in (one, two)]
+        parts = [next(q.seconds for q in plans if q.order == p.order) for plans in alone]
+        assert p.families["tp"] == parts[0] + parts[1]
 
 
 def test_a_grid_too_large_to_list_is_refused_not_allocated() -> None:

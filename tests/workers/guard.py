@@ -180,3 +180,21 @@ def ops_and_failures() -> dict[str, Any]:
 def create_pgs_strategies() -> dict[str, Any]:
     """`create_pgs_with` each strategy that runs on gloo."""
     return {strategy: create_pgs_with(strategy) for strategy in ("enumerate", "local")}
+
+
+def unavailable_backend_alone(backend: str) -> dict[str, Any]:
+    """Rank 0 alone asks for a backend torch lacks here, with a guard that would wait 600 s for the others.
+
+    Refused before the guard round: the others (who never call) are not waited for. Rank 1 waits for rank 0's
+    word in the store, so the world stays up while rank 0 asks.
+    """
+    store, rank = c10d._get_default_store(), dist.get_rank()
+    out: dict[str, Any] = {}
+    if rank == 0:
+        grid = HyperCommGrid([2], ["dp"], guard_timeout_s=600)
+        for strategy in ("enumerate", "local"):
+            out[strategy] = _outcome(lambda strategy=strategy: grid.create_pg("dp", backend=backend, strategy=strategy))
+        store.set("unavailable_backend_alone", "done")
+    else:
+        store.wait(["unavailable_backend_alone"])
+    return out
