@@ -19,7 +19,10 @@ over to `Recovery`:
    (its ranks answer its roll calls from the start), a barrier where every
    member shows up, the default group under the new epoch's store prefix (torch's
    wait bounded by ``timeout_s``), the families re-created (bounded alike), and
-   a commit barrier whose outcome is written once. A death anywhere in an
+   a commit barrier whose outcome is written once. Before the commit, the
+   members agree on the step to resume from (one all-reduce over the new
+   world: the lowest step a survivor passed, `Recovery.agree_step`) and, with
+   `hypergrid.grid.snapshots.StepSnapshots`, bring every replica to it. A death anywhere in an
    attempt ends it on every member, through the new world's roll call: its
    verdict names the dead, who join the dead set, and the next attempt forms
    the next epoch's world from the same old layout. Retired ranks (``"drop"``)
@@ -38,6 +41,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
@@ -47,10 +51,13 @@ from hypergrid.agreement.liveness import FAILURE
 from hypergrid.agreement.membership import MembershipRound, Proposal, round_prefix
 from hypergrid.agreement.watcher import Watcher, adopt, current_watcher, start_watcher
 from hypergrid.binding import alarm
+from hypergrid.binding.failures import communicate
 from hypergrid.binding.reform import Epoch, reform_world, retire, tear_down
 from hypergrid.binding.registry import PgKey
-from hypergrid.errors import FencedError, HyperGridError, RankFailure
+from hypergrid.errors import DesyncError, FencedError, HyperGridError, RankFailure
 from hypergrid.grid.regrid import Phases, Regrid
+from hypergrid.grid.snapshots import MAX_STEP, StepSnapshots, share_step
+from hypergrid.launch.processes import default_device
 from hypergrid.layout.hierarchy import hierarchical_family
 from hypergrid.layout.shrink import ShrinkPlan, plan_shrink
 from hypergrid.values import format_ranks
@@ -59,6 +66,9 @@ __all__ = ["Recovery", "families_digest"]
 
 #: One family to re-create: its registry key, and what ``_create_families`` needs (dims, view, tag, kwargs).
 Family = tuple[PgKey, dict[str, Any]]
+
+#: The step agreement's "no value" (the neutral element of its MIN), above every step.
+_NONE = MAX_STEP + 1
 
 
 def families_digest(families: Sequence[Family], description: str) -> str:
@@ -81,13 +91,28 @@ class Recovery:
         epoch: the old world's epoch (its number and the base store).
         world: the old world's size.
         timeout_s: the bound of each wait on a rank that is alive but absent, and of torch's waits.
+        step: the step this rank is in (None: none, as on a spare), or taken from ``snapshots``.
+        snapshots: this rank's `StepSnapshots`, brought to the agreed step (None: the caller restores).
     """
 
-    def __init__(self, grid: Any, epoch: Epoch, world: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        grid: Any,
+        epoch: Epoch,
+        world: int,
+        timeout_s: float,
+        step: int | None = None,
+        snapshots: StepSnapshots | None = None,
+    ) -> None:
         self.grid = grid
         self.epoch = epoch
         self.world = world
         self.timeout_s = timeout_s
+        self.step = snapshots.step if snapshots is not None else step
+        self.snapshots = snapshots
+        self.agreed: int | None = None  # the step the new world resumes from (`agree_step`)
+        self._mixed = False  # some members passed snapshots and others did not
+        self.dim = "dp"
         self.rank = dist.get_rank()
         self.clock = Phases()
         self.attempts = 0
@@ -143,6 +168,7 @@ class Recovery:
         it ends with the old world (`Watcher.end_world`).
         """
         grid, old = self.grid, current_watcher()
+        self.dim = dim
         if plan.order and self.rank == plan.order[0]:
             store: Any = c10d._get_default_store()
             for dead in plan.dead:  # the dead cannot release their guard announcements themselves
@@ -173,6 +199,14 @@ class Recovery:
                 left.pulse_end()
             for stopped in ([old] if old is not None else []) + self._left:
                 stopped.join(self.timeout_s)
+            if self._mixed:
+                raise DesyncError(
+                    "grid.shrink: some survivors passed snapshots= and others did not (a drafted spare's "
+                    "standby(snapshots=...) included); pass it on every rank or on none"
+                )
+            member = successor.layout.contains(plan.old_to_new[self.rank])
+            if self.snapshots is not None and self.agreed is not None and member:
+                self.snapshots.restore(self.agreed)
             return self._regrid(successor, plan.old_to_new[self.rank], number, plan, dim)
 
     def _regrid(self, grid: Any, rank: int | None, number: int, plan: ShrinkPlan, dim: str) -> Regrid:
@@ -188,6 +222,7 @@ class Recovery:
             dim=dim,
             seconds=self.clock.seconds,
             attempts=self.attempts,
+            step=None if rank is None else self.agreed,
         )
 
     def _form(
@@ -232,6 +267,7 @@ class Recovery:
             self.clock.lap("world")
             successor._recreate(families, self.timeout_s)
             self.clock.lap("families")
+            self.agree_step(successor, new_rank, number)
         except (HyperGridError, RuntimeError) as error:  # BarrierFailed too
             if isinstance(error, FencedError):
                 raise
@@ -246,6 +282,35 @@ class Recovery:
             self._stop(watcher)
             raise
         self.clock.lap("commit")
+
+    def agree_step(self, successor: Any, new_rank: int, number: int) -> None:
+        """The step world ``number`` resumes from, and (with snapshots) every replica brought to it.
+
+        One all-reduce (MIN) over the new world, the non-drafted spares
+        included: the lowest step a member passed (`agreed`), the newest
+        "oldest snapshot" of the members that restore (a drafted spare holds
+        none), and whether all or only some of the grid's members restore.
+        When some restoring member lacks the agreed step, every one of them
+        shares it over its ``dim`` group (`share_step`).
+        """
+        member = bool(successor.layout.contains(new_rank))
+        snapshots = self.snapshots if member else None
+        restoring = snapshots is not None
+        held = snapshots.steps if snapshots is not None else ()
+        values = [
+            _NONE if self.step is None or not member else self.step,
+            (-held[0] if held else -_NONE) if restoring else _NONE,
+            int(restoring) if member else 1,
+            -int(restoring) if member else 0,
+        ]
+        agreed = torch.tensor(values, dtype=torch.int64, device=default_device())
+        communicate(f"shrink: agreeing on the step of world {number}", dist.all_reduce, agreed, op=dist.ReduceOp.MIN)
+        lowest, oldest, every, some = agreed.tolist()
+        self.agreed = None if lowest == _NONE else lowest
+        self._mixed = every == 0 and some == -1
+        if snapshots is not None and not self._mixed and self.agreed is not None and -oldest > self.agreed:
+            share_step(successor, self.dim, snapshots, self.agreed)
+        self.clock.lap("step")
 
     def _stop(self, watcher: Watcher | None) -> None:
         if watcher is not None:
