@@ -194,7 +194,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         if regrid is None:
             return {**outcome, "spare": "released"}
         grid, step = regrid.grid, regrid.step
-        outcome["resumed"].append(step)
+        outcome.update(resumed=[step], dead=list(regrid.dead))
     while step <= args.steps:  # step == steps: the finish line, crossed together
         try:
             snapshots.take(step)  # this step's start
