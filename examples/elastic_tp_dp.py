@@ -209,6 +209,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             step += 1
             hook("end")
         except hypergrid.RankFailure as failure:  # failure.dead: named by the world's roll call
+            was = step
             regrid = grid.shrink(dead=failure.dead or None, dim="dp", policy=policy, snapshots=snapshots)
             if regrid.retired:
                 retired = True
@@ -216,11 +217,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             grid, step = regrid.grid, regrid.step  # every survivor at this step, model and optimizer restored
             outcome["resumed"].append(step)
             outcome["dead"] = list(regrid.dead)
-            if dist.get_rank() == 0 and not args.quiet:
-                shape = dict(zip(grid.dim_names, grid.shape))
-                print(f"ranks {list(regrid.dead)} died: resuming at step {step} on {shape}", flush=True)
+            if not args.quiet:
+                print(f"rank {first_rank} (now {dist.get_rank()}): RankFailure in step {was}, dead {list(regrid.dead)};"
+                      f" shrink took {sum(regrid.seconds.values()):.2f} s; resuming at step {step} on "
+                      f"{dict(zip(grid.dim_names, grid.shape))}", flush=True)  # fmt: skip
     # -----------------------------------------------------------------------------------------------------------
     if retired:
+        if not args.quiet:
+            print(f"rank {first_rank}: retired (its dp slice was dropped)", flush=True)
         return {**outcome, "retired": True}
     grid.release_spares()
     me = grid.my_coord()
