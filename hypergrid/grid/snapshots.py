@@ -226,12 +226,12 @@ def _local(device_type: str) -> torch.device:
 
 
 def share_step(grid: Any, dim: str, snapshots: StepSnapshots, step: int) -> bool:
-    """Give the snapshot of ``step`` to the members of this rank's ``dim`` group that lack it; True if received.
+    """Give the snapshot of ``step`` to the members of this rank's ``dim`` group that lack it; True if this one did.
 
     Collective over the caller's group of the family over ``dim`` (every
     rank of ``grid`` calls it). The members' flags are gathered; where some
     lack the step, the lowest member that holds it broadcasts its snapshot
-    (the structure, then each tensor) and those that lacked it adopt it.
+    (the structure, then each tensor) and every other member adopts it.
 
     Raises:
         RankFailure: no member of the group holds ``step`` (keep more snapshots), or a member is gone.
@@ -249,16 +249,14 @@ def share_step(grid: Any, dim: str, snapshots: StepSnapshots, step: int) -> bool
             [],
         )
     source = flags.index(1)
-    mine = snapshots._get(step)
+    mine = snapshots._get(step) if grid.group_rank(dim) == source else None  # the sender's; the others receive
+    size = torch.zeros(1, dtype=torch.int64, device=wire)
     if mine is not None:
-        payload = torch.frombuffer(bytearray(pickle.dumps(mine.skeleton)), dtype=torch.uint8)
-        size = torch.tensor([payload.numel()], dtype=torch.int64, device=wire)
-    else:
-        size = torch.zeros(1, dtype=torch.int64, device=wire)
+        payload = torch.frombuffer(bytearray(pickle.dumps(mine.skeleton)), dtype=torch.uint8).to(wire)
+        size += payload.numel()
     grid.broadcast(size, dim, group_src=source)
     if mine is None:
-        payload = torch.empty(int(size.item()), dtype=torch.uint8)
-    payload = payload.to(wire)
+        payload = torch.empty(int(size.item()), dtype=torch.uint8, device=wire)
     grid.broadcast(payload, dim, group_src=source)
     skeleton = mine.skeleton if mine is not None else pickle.loads(payload.cpu().numpy().tobytes())
     slots: list[Slot] = []
@@ -268,10 +266,9 @@ def share_step(grid: Any, dim: str, snapshots: StepSnapshots, step: int) -> bool
         tensor = mine.tensors[index].to(wire) if mine is not None else torch.empty(shape, dtype=dtype, device=wire)
         grid.broadcast(tensor, dim, group_src=source)
         received.append(tensor.to(_local(device)))
-    if mine is None:
+    if mine is None:  # every member but the sender holds the sender's state now: the replicas are bitwise equal
         snapshots._adopt(step, skeleton, received)
-        return True
-    return False
+    return mine is None and not flags[grid.group_rank(dim)]
 
 
 def _slots(skeleton: Any, out: list[Slot]) -> None:
