@@ -57,6 +57,8 @@ def trial(seed: int, world: int, tp: int, spares: int, path: pathlib.Path) -> No
     resume.check_trial(outcomes, [victim], STEPS, context=context, complete=False)
     shape = next(iter(outcomes.values()))["shape"]
     assert shape["tp"] == tp and len(outcomes) == shape["tp"] * shape["dp"], (context, outcomes)
+    resumed = sorted({step for seen in outcomes.values() for step in seen["resumed"]})
+    print(f"{context}: ok, {len(outcomes)} survivors on {shape}, resumed at {resumed}")  # shown with -s
 
 
 @pytest.mark.timeout(250)
