@@ -184,7 +184,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     hook = Killer(args.kill, first_rank)
     policy = "spares_then_drop" if args.spares else "drop"
-    outcome: dict[str, Any] = {"first_rank": first_rank, "resumed": [], "dead": []}
+    outcome: dict[str, Any] = {"first_rank": first_rank, "failed_in": [], "resumed": [], "dead": []}
 
     # -- the recipe of docs/elastic.md --------------------------------------------------------------------------
     snapshots = hypergrid.StepSnapshots(model, optimizer)  # the state at the start of the last two steps
@@ -210,6 +210,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             hook("end")
         except hypergrid.RankFailure as failure:  # failure.dead: named by the world's roll call
             was = step
+            outcome["failed_in"].append(was)
             regrid = grid.shrink(dead=failure.dead or None, dim="dp", policy=policy, snapshots=snapshots)
             if regrid.retired:
                 retired = True
