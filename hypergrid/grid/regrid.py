@@ -30,8 +30,8 @@ class Regrid:
         dim: the replica dim of the shrink.
         seconds: how long this rank spent in each phase of the shrink: ``agreement``, ``abort``,
             ``world`` (the default group re-formed), ``families`` (re-created), ``step`` (the step agreed,
-            replicas brought to it) and ``commit`` (every survivor has them), each of the last attempt; an attempt that failed (a death while the
-            new world formed) adds a line of its own.
+            replicas brought to it) and ``commit`` (every survivor has them), each of the last attempt; an
+            attempt that failed (a death while the new world formed) adds a line of its own.
         attempts: how many worlds were formed until one held (1 unless a rank died during the shrink).
         step: the step every rank of the new grid resumes from: the lowest step the survivors passed to
             ``shrink`` (``step=`` or their ``snapshots``), agreed inside it; ``None`` when nobody passed one
