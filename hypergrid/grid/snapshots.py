@@ -226,7 +226,7 @@ def _local(device_type: str) -> torch.device:
 
 
 def share_step(grid: Any, dim: str, snapshots: StepSnapshots, step: int) -> bool:
-    """Give the snapshot of ``step`` to the members of this rank's ``dim`` group that lack it; True if this one did.
+    """Give the snapshot of ``step`` to the members of this rank's ``dim`` group that lack it; True if this rank did.
 
     Collective over the caller's group of the family over ``dim`` (every
     rank of ``grid`` calls it). The members' flags are gathered; where some
