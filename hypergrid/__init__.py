@@ -6,6 +6,7 @@ The public surface:
 - ``HyperCommGrid`` — Megatron-Core's API over torch.distributed, with
   groups created lazily, keyed by canonical order.
 - ``Bridge`` — activations and gradients between two grids of different shapes.
+- ``StepSnapshots`` — the training state of the last steps, for ``shrink`` to resume from an agreed one.
 - ``spawn`` — a local multi-process launcher with a hard timeout.
 - the exceptions in ``hypergrid.errors``.
 
@@ -24,7 +25,7 @@ from hypergrid.errors import *  # noqa: F403 - the exceptions are public, listed
 from hypergrid.layout import GridLayout
 
 if TYPE_CHECKING:
-    from hypergrid.grid import Bridge, HyperCommGrid, Regrid
+    from hypergrid.grid import Bridge, HyperCommGrid, Regrid, StepSnapshots
     from hypergrid.launch import WorkerDeath, init_from_env, spawn
 
 # The torch binding is imported on first use, so that the pure layout core
@@ -33,6 +34,7 @@ _LAZY = {
     "Bridge": "hypergrid.grid",
     "HyperCommGrid": "hypergrid.grid",
     "Regrid": "hypergrid.grid",
+    "StepSnapshots": "hypergrid.grid",
     "spawn": "hypergrid.launch",
     "init_from_env": "hypergrid.launch",
     "WorkerDeath": "hypergrid.launch",
@@ -47,5 +49,15 @@ def __getattr__(name: str) -> Any:
 
 __version__ = "0.2.0"
 
-__all__ = ["Bridge", "GridLayout", "HyperCommGrid", "Regrid", "spawn", "init_from_env", "WorkerDeath", "__version__"]
+__all__ = [
+    "Bridge",
+    "GridLayout",
+    "HyperCommGrid",
+    "Regrid",
+    "StepSnapshots",
+    "spawn",
+    "init_from_env",
+    "WorkerDeath",
+    "__version__",
+]
 __all__ += errors.__all__

@@ -41,3 +41,13 @@ def one_rank_world_module() -> Iterator[None]:
     """A one-rank gloo world shared by a module's tests (hypothesis tests cannot use per-test fixtures)."""
     with _one_rank_gloo():
         yield
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``stress`` run only when ``-m`` names them (``pytest -m stress``), whatever else ``-m`` says."""
+    if "stress" in (config.getoption("markexpr") or ""):
+        return
+    stress = [item for item in items if item.get_closest_marker("stress") is not None]
+    if stress:
+        config.hook.pytest_deselected(items=stress)
+        items[:] = [item for item in items if item.get_closest_marker("stress") is None]

@@ -8,5 +8,6 @@ DeviceMesh export, shims and shared communicators.
 from hypergrid.grid.bridge import Bridge
 from hypergrid.grid.grid import HyperCommGrid, world_size_hint
 from hypergrid.grid.regrid import Regrid
+from hypergrid.grid.snapshots import StepSnapshots
 
-__all__ = ["Bridge", "HyperCommGrid", "Regrid", "world_size_hint"]
+__all__ = ["Bridge", "HyperCommGrid", "Regrid", "StepSnapshots", "world_size_hint"]

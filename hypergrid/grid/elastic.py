@@ -24,13 +24,14 @@ from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import abort_groups
 from hypergrid.binding.reform import current_epoch
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, untagged
-from hypergrid.errors import GridSpecError, GridTooLargeError, RankError
+from hypergrid.errors import GridSpecError, GridTooLargeError, InvalidArgumentError, RankError
 from hypergrid.grid.recovery import Family, Recovery, families_digest
 from hypergrid.grid.regrid import Regrid
+from hypergrid.grid.snapshots import MAX_STEP, StepSnapshots
 from hypergrid.launch.ledger import record_shrink
 from hypergrid.layout import KEY_SEPARATOR, MAX_WORLD_SIZE
 from hypergrid.layout.shrink import ShrinkPlan, check_policy
-from hypergrid.validation import check_int, check_ints
+from hypergrid.validation import check_int, check_ints, refuse
 from hypergrid.values import check_timeout, shown
 
 __all__ = ["Elastic", "Regrid", "check_spares"]
@@ -124,6 +125,22 @@ class Elastic(GridFacet):
             named += range(world - self.spares, world)
         return world, sorted({int(gone) for gone in named})
 
+    def _check_resume(self, call: str, dim: str, step: object, snapshots: object) -> int | None:
+        """``step`` checked (None or a non-negative int), ``snapshots`` a `StepSnapshots` over a created ``dim``."""
+        if snapshots is not None and step is not None:
+            raise InvalidArgumentError(
+                f"{call}: step={step!r} and snapshots= were both passed; pass one (the snapshots' step is theirs)"
+            )
+        if snapshots is not None:
+            if not isinstance(snapshots, StepSnapshots):
+                raise refuse(call, "snapshots", snapshots, "a hypergrid.StepSnapshots or None", InvalidArgumentError)
+            if not any(_parse(key) == (None, (dim,), None, None) for key in self._root.created_keys):
+                raise InvalidArgumentError(
+                    f"{call}: snapshots= needs the family over {dim!r} (a replica that lacks the agreed step gets it "
+                    f"from its {dim!r} group), which this grid did not create; call create_pg({dim!r}) first"
+                )
+        return None if step is None else check_int(call, "step", step, 0, MAX_STEP)
+
     def shrink(
         self,
         dead: Iterable[int] | None = None,
@@ -131,6 +148,8 @@ class Elastic(GridFacet):
         dim: str = "dp",
         policy: str = "drop",
         timeout_s: float | None = None,
+        step: int | None = None,
+        snapshots: StepSnapshots | None = None,
     ) -> Regrid:
         """Carry on without the dead: agree on them, re-form the world, re-create every family on a new grid.
 
@@ -161,6 +180,16 @@ class Elastic(GridFacet):
         when spares are too few; ``"spares_then_drop"`` falls back to
         ``"drop"`` then. The store must outlive every worker (docs/elastic.md).
 
+        **The step to resume from.** A death in the middle of a step leaves the
+        survivors one step apart (a collective without the dead rank completed
+        on some). Each survivor passes the step it is in (``step=``, or its
+        ``snapshots``, whose newest step is that one); the new world agrees on
+        the lowest (``Regrid.step``). With ``snapshots`` every rank of the new
+        grid is brought to it before ``shrink`` returns: it loads its own
+        snapshot of that step, or, lacking one (a drafted spare), gets a
+        replica peer's over ``dim``. A death meanwhile is absorbed like any
+        other (the next attempt agrees again).
+
         Args:
             dead: old ranks known to be gone (e.g. ``RankFailure.dead``); ``None``: none known.
             dim: the replica dim.
@@ -168,31 +197,40 @@ class Elastic(GridFacet):
             timeout_s: how long to wait for a survivor that is alive but does not come (then it is
                 declared dead), and the bound of torch's waits while the new world forms (a death
                 there costs at most this); default ``min(guard_timeout_s, 30)``.
+            step: the step this rank is in (the one that failed, or the next if none began); ``Regrid.step``
+                is the lowest passed.
+            snapshots: this rank's `StepSnapshots` (instead of ``step``): restored at the agreed step.
 
         Returns:
-            The `Regrid`: the new grid (``None`` when retired), this rank's new rank, the epoch and the moves.
+            The `Regrid`: the new grid (``None`` when retired), this rank's new rank, the epoch, the moves
+            and the agreed step.
 
         Raises:
             NotInitializedError: torch.distributed is not initialized.
             DimsError: ``dim`` is not a dim of the grid.
-            InvalidArgumentError: an unknown ``policy`` or a bad ``timeout_s``.
+            InvalidArgumentError: an unknown ``policy``, a bad ``timeout_s`` or ``step``, both ``step`` and
+                ``snapshots``, or ``snapshots`` without a created family over ``dim``.
             RankError: ``dead`` names a rank outside the world, or the caller.
             RankFailure: every slice of ``dim`` died, spares are too few, this rank was declared dead
                 by the others (it arrived too late), or the new world could not form although no
                 further rank died; the same error on every survivor.
             FencedError: this rank was excluded by the others (it answered no roll call in time).
-            DesyncError: survivors asked for different ``policy``, ``dim`` or families.
+            DesyncError: survivors asked for different ``policy``, ``dim`` or families, or only some passed
+                ``snapshots``.
             GridSpecError: a registered view no longer divides the new grid.
             InvalidArgumentError: a ``within``/``across`` half no longer fits the new grid's nodes.
         """
         if self._root is not self:  # a grid from view(): the root shrinks (it holds every family)
-            shrunk: Regrid = self._root.shrink(dead, dim=dim, policy=policy, timeout_s=timeout_s)
+            shrunk: Regrid = self._root.shrink(
+                dead, dim=dim, policy=policy, timeout_s=timeout_s, step=step, snapshots=snapshots
+            )
             return shrunk
         alarm.check_fence("grid.shrink")
         default = min(self.guard_timeout_s, SHRINK_TIMEOUT_S)
         timeout = default if timeout_s is None else check_timeout(timeout_s, "timeout_s")
         world, named = self._check_shrink(dead, dim, policy)
-        recovery = Recovery(self, current_epoch(), world, timeout)
+        checked_step = self._check_resume("shrink", dim, step, snapshots)
+        recovery = Recovery(self, current_epoch(), world, timeout, checked_step, snapshots)
         families = self._family_list()
         known = recovery.known_dead(named)
         proposal = Proposal(tuple(known), policy, dim, families_digest(families, self._describe()))
@@ -271,7 +309,7 @@ class Elastic(GridFacet):
 
     # -- spares ---------------------------------------------------------------
 
-    def standby(self, timeout_s: float | None = None) -> Regrid | None:
+    def standby(self, timeout_s: float | None = None, *, snapshots: StepSnapshots | None = None) -> Regrid | None:
         """On a spare: wait until a ``shrink`` drafts it (return its `Regrid`) or the job ends (``None``).
 
         Blocks on one store key (no polling). A shrink that does not draft
@@ -281,13 +319,19 @@ class Elastic(GridFacet):
 
         Args:
             timeout_s: the shrinks' timeout for ranks nobody named (default: ``guard_timeout_s``).
+            snapshots: the spare's `StepSnapshots` (empty): when drafted by survivors that passed theirs, it
+                returns holding the state of the agreed step (``Regrid.step``), copied from a replica peer.
 
         Raises:
+            InvalidArgumentError: ``snapshots`` is not a `StepSnapshots`, or the family over the shrink's dim
+                is missing.
             RankError: the caller is not one of the grid's spares.
             NotInitializedError: torch.distributed is not initialized.
         """
         self._require_initialized("standby")
         checked = None if timeout_s is None else check_timeout(timeout_s, "timeout_s")  # before any wait
+        if snapshots is not None and not isinstance(snapshots, StepSnapshots):
+            raise refuse("standby", "snapshots", snapshots, "a hypergrid.StepSnapshots or None", InvalidArgumentError)
         ensure_watching()  # a spare answers the world's roll calls too
         grid: Elastic = self
         while True:
@@ -306,7 +350,9 @@ class Elastic(GridFacet):
                 return None
             proposal = Proposal.decode(call[len(_SHRINK) :])
             timeout = min(grid.guard_timeout_s, SHRINK_TIMEOUT_S) if checked is None else checked
-            regrid = grid._recover(Recovery(grid, epoch, world, timeout), proposal, grid._family_list())
+            grid._check_resume("standby", proposal.dim, None, snapshots)
+            recovery = Recovery(grid, epoch, world, timeout, snapshots=snapshots)
+            regrid = grid._recover(recovery, proposal, grid._family_list())
             if regrid.rank is not None and regrid.grid.layout.contains(regrid.rank):
                 return regrid
             grid = regrid.grid

@@ -15,16 +15,20 @@ over to `Recovery`:
    family, tag and ``within``/``across`` half on it. A refusal leaves the old
    grid and world as they were, and ``shrink`` may be called again.
 3. **Tear down** the old groups (never waiting on a dead peer).
-4. **Form the new world**, attempt after attempt: a barrier where every
+4. **Form the new world**, attempt after attempt: a watcher for it first
+   (its ranks answer its roll calls from the start), a barrier where every
    member shows up, the default group under the new epoch's store prefix (torch's
    wait bounded by ``timeout_s``), the families re-created (bounded alike), and
-   a commit barrier whose outcome is written once; once it passes, the old
-   world ends and its watcher's store connection serves the new world's
-   watcher (`hypergrid.agreement.world.World.take_over`: no connection is
-   opened on the way). A death anywhere in an attempt ends it on every
-   member, through the old world's roll call: its verdict names the dead,
-   who join the dead set, and the next attempt forms the next epoch's world
-   from the same old layout. Retired ranks (``"drop"``)
+   a commit barrier whose outcome is written once. Before the commit, the
+   members agree on the step to resume from (one all-reduce over the new
+   world: the lowest step a survivor passed, `Recovery.agree_step`) and, with
+   `hypergrid.grid.snapshots.StepSnapshots`, bring every replica to it. Once
+   the commit passes, the old world ends and its watcher's store connection
+   serves the new world's watcher (`hypergrid.agreement.world.World.take_over`:
+   no connection is opened on the way). A death anywhere in an attempt ends it
+   on every member, through the old world's roll call: its verdict names the
+   dead, who join the dead set, and the next attempt forms the next epoch's
+   world from the same old layout. Retired ranks (``"drop"``)
    only ever grow, so a rank retired by one attempt stays retired.
 
 Every failure that cannot be absorbed (no complete replica, a view that no
@@ -40,6 +44,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
@@ -49,10 +54,13 @@ from hypergrid.agreement.liveness import FAILURE
 from hypergrid.agreement.membership import MembershipRound, Proposal, round_prefix
 from hypergrid.agreement.world import WORLDS, World, current_watcher
 from hypergrid.binding import alarm
+from hypergrid.binding.failures import communicate
 from hypergrid.binding.reform import Epoch, reform_world, retire, tear_down
 from hypergrid.binding.registry import PgKey
-from hypergrid.errors import FencedError, HyperGridError, RankFailure
+from hypergrid.errors import DesyncError, FencedError, HyperGridError, RankFailure
 from hypergrid.grid.regrid import Phases, Regrid
+from hypergrid.grid.snapshots import MAX_STEP, StepSnapshots, share_step
+from hypergrid.launch.processes import default_device
 from hypergrid.layout.hierarchy import hierarchical_family
 from hypergrid.layout.shrink import ShrinkPlan, plan_shrink
 from hypergrid.values import format_ranks
@@ -61,6 +69,9 @@ __all__ = ["Recovery", "families_digest"]
 
 #: One family to re-create: its registry key, and what ``_create_families`` needs (dims, view, tag, kwargs).
 Family = tuple[PgKey, dict[str, Any]]
+
+#: The step agreement's "no value" (the neutral element of its MIN), above every step.
+_NONE = MAX_STEP + 1
 
 
 def families_digest(families: Sequence[Family], description: str) -> str:
@@ -83,13 +94,28 @@ class Recovery:
         epoch: the old world's epoch (its number and the base store).
         world: the old world's size.
         timeout_s: the bound of each wait on a rank that is alive but absent, and of torch's waits.
+        step: the step this rank is in (None: none, as on a spare), or taken from ``snapshots``.
+        snapshots: this rank's `StepSnapshots`, brought to the agreed step (None: the caller restores).
     """
 
-    def __init__(self, grid: Any, epoch: Epoch, world: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        grid: Any,
+        epoch: Epoch,
+        world: int,
+        timeout_s: float,
+        step: int | None = None,
+        snapshots: StepSnapshots | None = None,
+    ) -> None:
         self.grid = grid
         self.epoch = epoch
         self.world = world
         self.timeout_s = timeout_s
+        self.step = snapshots.step if snapshots is not None else step
+        self.snapshots = snapshots
+        self.agreed: int | None = None  # the step the new world resumes from (`agree_step`)
+        self._mixed = False  # some members passed snapshots and others did not
+        self.dim = "dp"
         self.rank = dist.get_rank()
         self.clock = Phases()
         self.attempts = 0
@@ -147,6 +173,7 @@ class Recovery:
         old = None if world is None else world.watcher
         if world is not None:
             world.reforming = True  # the teardown of its default group does not close it: its watcher answers on
+        self.dim = dim
         if plan.order and self.rank == plan.order[0]:
             store: Any = c10d._get_default_store()
             for dead in plan.dead:  # the dead cannot release their guard announcements themselves
@@ -177,6 +204,14 @@ class Recovery:
                 old.end_world(plan.dead, self.world)
                 old.join(self.timeout_s)
             self._watch(world, number, plan.old_to_new[self.rank], len(plan.order))
+            if self._mixed:
+                raise DesyncError(
+                    "grid.shrink: some survivors passed snapshots= and others did not (a drafted spare's "
+                    "standby(snapshots=...) included); pass it on every rank or on none"
+                )
+            member = successor.layout.contains(plan.old_to_new[self.rank])
+            if self.snapshots is not None and self.agreed is not None and member:
+                self.snapshots.restore(self.agreed)
             return self._regrid(successor, plan.old_to_new[self.rank], number, plan, dim)
 
     def _regrid(self, grid: Any, rank: int | None, number: int, plan: ShrinkPlan, dim: str) -> Regrid:
@@ -192,6 +227,7 @@ class Recovery:
             dim=dim,
             seconds=self.clock.seconds,
             attempts=self.attempts,
+            step=None if rank is None else self.agreed,
         )
 
     def _watch(self, old: World | None, number: int, rank: int, size: int) -> None:
@@ -203,7 +239,7 @@ class Recovery:
         WORLDS.adopt(world)
 
     def _form(self, plan: ShrinkPlan, successor: Any, families: Sequence[Family], number: int, old: Any) -> None:
-        """One attempt at world ``number``: ready barrier, default group, families, commit (``old``: the old watcher).
+        """One attempt at world ``number``: ready barrier, default group, families, step, commit (``old``: watcher).
 
         The commit barrier's verdict is the attempt's outcome on every member:
         a member that fails on the way (a dead member found by the old world's
@@ -236,10 +272,11 @@ class Recovery:
             # Until the commit passes, the attempt asks the old world's roll call (its watcher answers on); the new
             # world's watcher starts on the old one's connection once the old world ended (`_watch`).
             reform_world(self.epoch, new_rank, size, timeout, excluded, number, self.timeout_s)
-            WORLDS.register(World(number, new_rank, size, self.epoch.base_store))  # its watcher: `_watch`
+            WORLDS.register(World(number, new_rank, size, self.epoch.base_store))
             self.clock.lap("world")
             successor._recreate(families, self.timeout_s)
             self.clock.lap("families")
+            self.agree_step(successor, new_rank, number)
         except (HyperGridError, RuntimeError) as error:  # BarrierFailed too
             if isinstance(error, FencedError):
                 raise
@@ -249,6 +286,35 @@ class Recovery:
         commit.deadline = time.monotonic() + self.timeout_s
         commit.run()
         self.clock.lap("commit")
+
+    def agree_step(self, successor: Any, new_rank: int, number: int) -> None:
+        """The step world ``number`` resumes from, and (with snapshots) every replica brought to it.
+
+        One all-reduce (MIN) over the new world, the non-drafted spares
+        included: the lowest step a member passed (`agreed`), the newest
+        "oldest snapshot" of the members that restore (a drafted spare holds
+        none), and whether all or only some of the grid's members restore.
+        When some restoring member lacks the agreed step, every one of them
+        shares it over its ``dim`` group (`share_step`).
+        """
+        member = bool(successor.layout.contains(new_rank))
+        snapshots = self.snapshots if member else None
+        restoring = snapshots is not None
+        held = snapshots.steps if snapshots is not None else ()
+        values = [
+            _NONE if self.step is None or not member else self.step,
+            (-held[0] if held else -_NONE) if restoring else _NONE,
+            int(restoring) if member else 1,
+            -int(restoring) if member else 0,
+        ]
+        agreed = torch.tensor(values, dtype=torch.int64, device=default_device())
+        communicate(f"shrink: agreeing on the step of world {number}", dist.all_reduce, agreed, op=dist.ReduceOp.MIN)
+        lowest, oldest, every, some = agreed.tolist()
+        self.agreed = None if lowest == _NONE else lowest
+        self._mixed = every == 0 and some == -1
+        if snapshots is not None and not self._mixed and self.agreed is not None and -oldest > self.agreed:
+            share_step(successor, self.dim, snapshots, self.agreed)
+        self.clock.lap("step")
 
     def _failed(self, failed: BarrierFailed, number: int, plan: ShrinkPlan) -> list[int]:
         """The attempt at world ``number`` failed on every member: the old ranks it found dead."""

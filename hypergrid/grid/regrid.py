@@ -29,10 +29,14 @@ class Regrid:
         policy: what was applied: ``"drop"`` or ``"spares"``.
         dim: the replica dim of the shrink.
         seconds: how long this rank spent in each phase of the shrink: ``agreement``, ``abort``,
-            ``world`` (the default group re-formed), ``families`` (re-created) and ``commit`` (every
-            survivor has them), each of the last attempt; an attempt that failed (a death while the
-            new world formed) adds a line of its own.
+            ``world`` (the default group re-formed), ``families`` (re-created), ``step`` (the step agreed,
+            replicas brought to it) and ``commit`` (every survivor has them), each of the last attempt; an
+            attempt that failed (a death while the new world formed) adds a line of its own.
         attempts: how many worlds were formed until one held (1 unless a rank died during the shrink).
+        step: the step every rank of the new grid resumes from: the lowest step the survivors passed to
+            ``shrink`` (``step=`` or their ``snapshots``), agreed inside it; ``None`` when nobody passed one
+            (and on a retired rank). With ``snapshots`` the holders are at this step already; without,
+            load your own snapshot of this step, then `broadcast_from_sources` to the drafted spares.
     """
 
     grid: Any
@@ -46,13 +50,15 @@ class Regrid:
     dim: str = "dp"
     seconds: dict[str, float] = field(default_factory=dict, compare=False)
     attempts: int = 1
+    step: int | None = None
 
     def broadcast_from_sources(self, tensors: Iterable[torch.Tensor]) -> None:
         """Copy ``tensors`` from each source to the spares that took over, over the grid's ``dim`` family.
 
         Called by every rank of the new grid (the family over ``dim`` must be
-        created: it is when the old grid had it); groups with no new spare in
-        them do nothing.
+        created: it is when the old grid had it), once each rank holds the
+        state of `step`; groups with no new spare in them do nothing.
+        (``shrink(snapshots=...)`` does this itself: see `StepSnapshots`.)
 
         Examples:
             >>> Regrid(None, None, 1, (3,), True).broadcast_from_sources([])  # a retired rank: nothing to do

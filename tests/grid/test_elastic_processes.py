@@ -33,7 +33,9 @@ def _check_survivors(results: list[Any], victims: list[int], shape: list[int], r
         assert result["regrid"]["epoch"] == 1
         if old_rank in retired:
             assert result["regrid"]["retired"] and result["regrid"]["rank"] is None
+            assert result["regrid"]["step"] is None  # a retired rank resumes nothing
             continue
+        assert result["regrid"]["step"] == AT, (old_rank, result["regrid"])  # every survivor passed step=AT
         assert not result["regrid"]["retired"]
         assert result["shape"] == shape and result["world"] == fresh.size
         assert result["new_keys"] == result["old_keys"]

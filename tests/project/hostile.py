@@ -218,8 +218,8 @@ def entries() -> list[Entry]:
     method("reduce_scatter", {"tensor": x, "dims": "tp", "op": sum_op, "dim": 0}, {"tensor": {"tensor"}})
     method("register_view", {"name": "v", "shape": [1, 1], "dim_names": ["a", "b"], "shared_dims": None})
     method("shift", {"dim": "tp", "disp": 1, "periodic": False, "rank": 0}, {"disp": INTS})
-    method("shrink", {"dead": None, "dim": "dp", "policy": "drop", "timeout_s": None})
-    method("standby", {"timeout_s": 1.0})
+    method("shrink", {"dead": None, "dim": "dp", "policy": "drop", "timeout_s": None, "step": None, "snapshots": None})
+    method("standby", {"timeout_s": 1.0, "snapshots": None})
     # device_type is to_device_mesh's own (hypergrid/grid/mesh.py, another helper's): it reaches torch unchecked.
     method("to_device_mesh", {"dims": ["tp"], "device_type": "cpu"}, pending={"device_type": "mesh"})
     method("view", {"shape": [1, 1], "dim_names": ["a", "b"], "shared_dims": None, "name": None})
@@ -267,6 +267,7 @@ def entries() -> list[Entry]:
         "check_collectives": False,
     }
     function("HyperCommGrid", lambda: HyperCommGrid, grid_kwargs)
+    function("StepSnapshots", lambda: hypergrid.StepSnapshots, {"keep": 2})
     function("GridLayout", lambda: GridLayout, {"shape": [2, 2], "dim_names": ["tp", "dp"], "rank_offset": 0})
     function("resolve_shape", lambda: hypergrid.layout.resolve_shape, {"shape": [1, -1], "world": 4, "rank_offset": 0})
     for call in ("copy_to", "reduce_from"):

@@ -103,7 +103,7 @@ def train(
         out["drafted"] = regrid is not None
         if regrid is None:
             return out
-        step, grid = at, regrid.grid
+        step, grid = regrid.step, regrid.grid  # the step the survivors agreed on; their state comes from a source
         regrid.broadcast_from_sources([w])
         out.update(regrid=_fields(regrid), started_at=step)
     else:
@@ -121,7 +121,7 @@ def train(
             out["cause"] = type(failure.__cause__).__name__
             out["named"] = list(failure.dead)
             began = time.monotonic()
-            regrid = grid.shrink(dead=victims if given else None, policy=policy, timeout_s=shrink_timeout_s)
+            regrid = grid.shrink(dead=victims if given else None, policy=policy, timeout_s=shrink_timeout_s, step=step)
             out["shrink_s"] = time.monotonic() - began
             out["regrid"] = _fields(regrid)
             if regrid.retired:
@@ -146,6 +146,7 @@ def _fields(regrid: Any) -> dict[str, Any]:
         "old_to_new": regrid.old_to_new,
         "source": regrid.source,
         "policy": regrid.policy,
+        "step": regrid.step,
     }
 
 

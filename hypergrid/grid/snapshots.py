@@ -1,0 +1,283 @@
+"""``StepSnapshots``: the training state at the start of the last steps, so that survivors resume from one agreed step.
+
+A death in the middle of a step leaves the survivors at two neighbouring
+steps: a collective that does not involve the dead rank completes (those
+replicas apply their update and begin the next step) while its partners'
+collectives fail. ``grid.shrink(snapshots=...)`` agrees on the lowest step
+any survivor is in, and every survivor goes back to its state at the start
+of that step: its own snapshot, or a replica peer's over the shrink's ``dim``
+(a drafted spare has none). Two snapshots are enough on a tp x dp grid whose
+steps run the tp collectives before the dp ones: no survivor can be more than
+one step ahead of another (docs/elastic.md).
+
+What a snapshot holds: the ``state_dict()`` of each stateful object (a
+module, an optimizer, an LR scheduler: anything with ``state_dict`` and
+``load_state_dict``) and the values of plain tensors, copied into buffers
+that are reused from step to step.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hypergrid.errors import InvalidArgumentError, RankFailure
+from hypergrid.validation import check_int, refuse
+
+__all__ = ["MAX_STEP", "StepSnapshots", "share_step"]
+
+#: The largest step (the step agreement's int64 keeps one value above it for "none").
+MAX_STEP = 2**62 - 1
+
+#: A tensor's place in a flattened state: its shape, dtype and device type.
+Slot = tuple[str, tuple[int, ...], torch.dtype, str]
+
+
+def _flatten(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """``value`` with every tensor replaced by its descriptor (appended to ``tensors`` in order)."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return ("tensor", tuple(value.shape), value.dtype, value.device.type)
+    if isinstance(value, dict):
+        return ("dict", tuple((key, _flatten(item, tensors)) for key, item in value.items()))
+    if isinstance(value, (list, tuple)):
+        return ("list" if isinstance(value, list) else "tuple", tuple(_flatten(item, tensors) for item in value))
+    return ("value", value)
+
+
+def _unflatten(skeleton: Any, tensors: Iterable[torch.Tensor]) -> Any:
+    """The value `_flatten` took apart, its tensors taken from ``tensors`` in order."""
+    stream = iter(tensors)
+
+    def build(node: Any) -> Any:
+        kind, body = node[0], node[1]
+        if kind == "tensor":
+            return next(stream)
+        if kind == "dict":
+            return {key: build(item) for key, item in body}
+        if kind in ("list", "tuple"):
+            items = [build(item) for item in body]
+            return items if kind == "list" else tuple(items)
+        return body
+
+    return build(skeleton)
+
+
+def _is_stateful(holder: object) -> bool:
+    return callable(getattr(holder, "state_dict", None)) and callable(getattr(holder, "load_state_dict", None))
+
+
+class _Snapshot:
+    """One step's state: the skeleton (the structure, its plain values, each tensor's descriptor) and the tensors."""
+
+    def __init__(self, step: int, skeleton: Any, tensors: list[torch.Tensor]) -> None:
+        self.step = step
+        self.skeleton = skeleton
+        self.tensors = tensors
+
+
+class StepSnapshots:
+    """The training state at the start of the last ``keep`` steps, for an agreed resumption after a failure.
+
+    Call `take` at the start of every step; pass the object to
+    ``grid.shrink(snapshots=...)`` (and a spare's ``grid.standby(snapshots=...)``):
+    the survivors agree on a step (``Regrid.step``), every rank of the new grid
+    gets the state of that step (its own snapshot, or a replica peer's over
+    the shrink's ``dim``), and the holders are loaded with it.
+
+    Args:
+        holders: what a step changes: objects with ``state_dict`` and ``load_state_dict`` (a module, an
+            optimizer, a scheduler) or tensors (their values are copied, in place on restore).
+        keep: how many steps to keep (2: a survivor may be one step ahead of the agreed one).
+
+    Raises:
+        InvalidArgumentError: a holder that is neither stateful nor a tensor, or a bad ``keep``.
+
+    Examples:
+        >>> import torch
+        >>> w = torch.zeros(2)
+        >>> snapshots = StepSnapshots(w)
+        >>> for step in range(3):
+        ...     snapshots.take(step)
+        ...     w += 1
+        >>> snapshots.steps, snapshots.restore(1), w.tolist()
+        ((1, 2), 1, [1.0, 1.0])
+        >>> snapshots.steps
+        (1,)
+    """
+
+    def __init__(self, *holders: object, keep: int = 2) -> None:
+        self.keep = check_int("StepSnapshots", "keep", keep, 1, 1024)
+        flat: list[object] = []
+        for holder in holders:
+            if isinstance(holder, (list, tuple)):
+                flat.extend(holder)
+            else:
+                flat.append(holder)
+        for holder in flat:
+            if not isinstance(holder, torch.Tensor) and not _is_stateful(holder):
+                raise refuse(
+                    "StepSnapshots",
+                    "holders",
+                    holder,
+                    "tensors or objects with state_dict() and load_state_dict() (a module, an optimizer)",
+                    InvalidArgumentError,
+                )
+        self.holders = flat
+        self._snapshots: list[_Snapshot] = []
+
+    @property
+    def step(self) -> int | None:
+        """The step of the newest snapshot: the step this rank is in (None before the first `take`)."""
+        return self._snapshots[-1].step if self._snapshots else None
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        """The steps held, oldest first (consecutive)."""
+        return tuple(snapshot.step for snapshot in self._snapshots)
+
+    def _current(self) -> tuple[Any, list[torch.Tensor]]:
+        tensors: list[torch.Tensor] = []
+        states = [holder if isinstance(holder, torch.Tensor) else holder.state_dict() for holder in self.holders]  # type: ignore[attr-defined]
+        return _flatten(states, tensors), tensors
+
+    def take(self, step: int) -> None:
+        """Keep the holders' state as the start of ``step`` (the oldest snapshot goes beyond ``keep``).
+
+        ``step`` is the next one (the newest + 1), or a step already held
+        (its snapshot and any newer are replaced); anything else starts over.
+
+        Raises:
+            InvalidArgumentError: ``step`` is not a non-negative int.
+        """
+        step = check_int("StepSnapshots.take", "step", step, 0, MAX_STEP)
+        held = self.steps
+        if step in held:
+            reuse = self._snapshots[held.index(step) :]
+            del self._snapshots[held.index(step) :]
+        elif held and step == held[-1] + 1:
+            reuse = self._snapshots[: max(len(held) + 1 - self.keep, 0)]
+            del self._snapshots[: len(reuse)]
+        else:
+            reuse, self._snapshots = self._snapshots, []
+        skeleton, tensors = self._current()
+        buffers = next((old.tensors for old in reuse if old.skeleton == skeleton), None)
+        with torch.no_grad():
+            if buffers is None:
+                buffers = [tensor.detach().clone() for tensor in tensors]
+            else:
+                for buffer, tensor in zip(buffers, tensors):
+                    buffer.copy_(tensor)
+        self._snapshots.append(_Snapshot(step, skeleton, buffers))
+
+    def restore(self, step: int) -> int:
+        """Load the snapshot of ``step`` into the holders and forget newer ones; returns ``step``.
+
+        The holders' gradients are cleared (a failed step may have left some).
+
+        Raises:
+            InvalidArgumentError: ``step`` is not held.
+        """
+        step = check_int("StepSnapshots.restore", "step", step, 0, MAX_STEP)
+        held = self.steps
+        if step not in held:
+            raise refuse("StepSnapshots.restore", "step", step, f"a step held: {list(held)}", InvalidArgumentError)
+        snapshot = self._snapshots[held.index(step)]
+        del self._snapshots[held.index(step) + 1 :]
+        states = _unflatten(snapshot.skeleton, snapshot.tensors)
+        with torch.no_grad():
+            for holder, state in zip(self.holders, states):
+                # The failed step's gradients go too: a redone backward would add to them.
+                if isinstance(holder, torch.Tensor):
+                    holder.copy_(state)
+                    holder.grad = None
+                elif isinstance(holder, torch.nn.Module):
+                    holder.load_state_dict(state)  # copies into the parameters
+                    holder.zero_grad(set_to_none=True)
+                else:  # an optimizer keeps the tensors it is given: it gets copies, the snapshot stays intact
+                    inner: list[torch.Tensor] = []
+                    holder.load_state_dict(_unflatten(_flatten(state, inner), [t.clone() for t in inner]))  # type: ignore[attr-defined]
+                    if isinstance(holder, torch.optim.Optimizer):
+                        holder.zero_grad(set_to_none=True)
+        return step
+
+    def _adopt(self, step: int, skeleton: Any, tensors: list[torch.Tensor]) -> None:
+        """A state received from a peer becomes the snapshot of ``step`` (the only one held)."""
+        self._snapshots = [_Snapshot(step, skeleton, tensors)]
+
+    def _get(self, step: int) -> _Snapshot | None:
+        return next((snapshot for snapshot in self._snapshots if snapshot.step == step), None)
+
+
+def _wire_device(group: Any) -> torch.device:
+    """Where a broadcast over ``group`` needs its tensors: the host unless only an accelerator backend serves it."""
+    backend = str(dist.get_backend(group))
+    if backend in ("gloo", "mpi", "ucc", "fake") or "cpu:" in backend:
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _local(device_type: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device(device_type)
+
+
+def share_step(grid: Any, dim: str, snapshots: StepSnapshots, step: int) -> bool:
+    """Give the snapshot of ``step`` to the members of this rank's ``dim`` group that lack it; True if this rank did.
+
+    Collective over the caller's group of the family over ``dim`` (every
+    rank of ``grid`` calls it). The members' flags are gathered; where some
+    lack the step, the lowest member that holds it broadcasts its snapshot
+    (the structure, then each tensor) and every other member adopts it.
+
+    Raises:
+        RankFailure: no member of the group holds ``step`` (keep more snapshots), or a member is gone.
+    """
+    holds = torch.tensor([int(snapshots._get(step) is not None)], dtype=torch.int64)
+    group = grid.pg(dim)
+    wire = _wire_device(group)
+    flags = grid.all_gather(holds.to(wire), dim).tolist()
+    if all(flags):
+        return False
+    if not any(flags):
+        raise RankFailure(
+            f"resuming at step {step}: no replica of this rank's {dim!r} group holds that step "
+            f"(flags {flags}); keep more snapshots (StepSnapshots(keep=...))",
+            [],
+        )
+    source = flags.index(1)
+    mine = snapshots._get(step) if grid.group_rank(dim) == source else None  # the sender's; the others receive
+    size = torch.zeros(1, dtype=torch.int64, device=wire)
+    if mine is not None:
+        payload = torch.frombuffer(bytearray(pickle.dumps(mine.skeleton)), dtype=torch.uint8).to(wire)
+        size += payload.numel()
+    grid.broadcast(size, dim, group_src=source)
+    if mine is None:
+        payload = torch.empty(int(size.item()), dtype=torch.uint8, device=wire)
+    grid.broadcast(payload, dim, group_src=source)
+    skeleton = mine.skeleton if mine is not None else pickle.loads(payload.cpu().numpy().tobytes())
+    slots: list[Slot] = []
+    _slots(skeleton, slots)
+    received = []
+    for index, (_, shape, dtype, device) in enumerate(slots):
+        tensor = mine.tensors[index].to(wire) if mine is not None else torch.empty(shape, dtype=dtype, device=wire)
+        grid.broadcast(tensor, dim, group_src=source)
+        received.append(tensor.to(_local(device)))
+    if mine is None:  # every member but the sender holds the sender's state now: the replicas are bitwise equal
+        snapshots._adopt(step, skeleton, received)
+    return mine is None and not flags[grid.group_rank(dim)]
+
+
+def _slots(skeleton: Any, out: list[Slot]) -> None:
+    kind, body = skeleton[0], skeleton[1]
+    if kind == "tensor":
+        out.append(skeleton)
+    elif kind == "dict":
+        for _, item in body:
+            _slots(item, out)
+    elif kind in ("list", "tuple"):
+        for item in body:
+            _slots(item, out)
