@@ -27,7 +27,7 @@ each world size, ``--repeats`` fresh jobs of each kind, taking turns: torch's
 ``create_pg("tp")`` (its world object and watcher, the guard round, the
 groups, the commit); and one guard round alone (torch's creation replaced by
 nothing). Reported: the worst rank of the worst job of each, and
-``hypergrid / (2 x torch + guard)``, which the healthy path keeps at or under 1.
+``hypergrid / (2 x torch + guard)`` (issue 30 asks for at most 1).
 
 With ``--sharing``: communicator economy, sharing on and off, on a grid with
 tp = cp = 1 (``[1, 1, 2, world/2]`` under gloo, ``[1, 1, 16, world/16]`` with
