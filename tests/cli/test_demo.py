@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from hypergrid.__main__ import main as cli
@@ -10,14 +13,20 @@ from hypergrid.cli.demo import main
 
 @pytest.mark.processes
 @pytest.mark.timeout(240)
-def test_demo_checks_every_family(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--timeout", "200"]) == 0
-    out = capsys.readouterr().out
+def test_demo_checks_every_family_and_prints_nothing_else() -> None:
+    """As the README runs it (its own process): the table on stdout, and no torch warning (``[W``) on stderr."""
+    done = subprocess.run(
+        [sys.executable, "-m", "hypergrid", "demo", "--timeout", "200"], capture_output=True, text=True, timeout=230
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
     assert "grid [2, 2, 2] over ['tp', 'cp', 'dp'] (8 ranks)" in out
     assert "7 of 7 families correct" in out
     for key in ["tp", "cp", "dp", "cp-tp", "dp-tp", "dp-cp", "dp-cp-tp"]:
         assert any(line.split()[:1] == [key] and " ok " in line for line in out.splitlines()), key
     assert any(line.startswith("dp-tp ") and line.endswith("[0, 1, 4, 5]") for line in out.splitlines())
+    assert "[W" not in done.stderr, done.stderr[-3000:]
+    assert len(out.strip().splitlines()) == 2 + 7 + 1, out  # the header lines, one row per family, the verdict
 
 
 @pytest.mark.parametrize(
