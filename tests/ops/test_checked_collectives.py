@@ -51,8 +51,8 @@ def test_the_groups_still_work_after_the_mismatches(outcomes: list[dict[str, Any
 
 
 def test_matching_calls_give_the_results_of_unchecked_ones() -> None:
-    checked = spawn(workers.matching_calls, WORLD, (True,), timeout_s=200)
-    unchecked = spawn(workers.matching_calls, WORLD, (False,), timeout_s=200)
+    both = spawn(workers.matching_calls_both, WORLD, timeout_s=200)  # one world, a checked grid then an unchecked
+    checked, unchecked = [pair[0] for pair in both], [pair[1] for pair in both]
     assert checked == unchecked
     # and the unchecked results are right: all_reduce over every rank sums every rank's data
     total = sum(torch.arange(6.0) + 100 * rank for rank in range(WORLD)).tolist()

@@ -110,6 +110,11 @@ def matching_calls(check: bool) -> dict[str, Any]:
     return results
 
 
+def matching_calls_both() -> tuple[dict[str, Any], dict[str, Any]]:
+    """``matching_calls`` on a checked grid, then on an unchecked one, in the same world."""
+    return matching_calls(True), matching_calls(False)
+
+
 def one_rank_checks() -> str:
     """Rank ``ODD`` alone turns checking on: the first collective's creation must refuse on every rank."""
     rank = dist.get_rank()
