@@ -198,3 +198,8 @@ def mismatched_arguments(case: str) -> dict[str, Any]:
         outcome = _timed_steps([lambda: grid.exchange("pp", send_next=torch.ones(2), recv_prev=torch.empty(size))])
     grid.destroy()
     return outcome
+
+
+def each(scenario: Callable[[str], dict[str, Any]], cases: list[str]) -> dict[str, dict[str, Any]]:
+    """``scenario`` for each of ``cases`` in turn, in one world (each builds and destroys its own grid)."""
+    return {case: scenario(case) for case in cases}
