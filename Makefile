@@ -8,7 +8,7 @@ PIP_TORCH_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hypergrid-installed
 
-.PHONY: demo test lint docs bench clean test-frameworks bench-frameworks test-megatron bench-megatron gpu-check
+.PHONY: demo test test-stress lint docs bench clean test-frameworks bench-frameworks test-megatron bench-megatron gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,14 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d site
 
+# The whole suite but the stress runs (tests marked `stress`: the larger sizes of scale, stress and
+# randomized tests whose smallest size stays here); doctests and the docs' examples run too.
 test: lint docs
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not stress"
+
+# The stress runs `make test` leaves out; CI runs them after `make test`.
+test-stress: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider -m stress tests
 
 # The benchmarks of docs/benchmarks.md and docs/performance.md; results in bench-results/.
 bench: $(STAMP)

@@ -1,4 +1,4 @@
-"""Shared test set-up: hypothesis profiles and the grid strategies."""
+"""Shared test set-up: hypothesis profiles, the one-rank world fixtures and the `--folder-times` report."""
 
 from __future__ import annotations
 
@@ -51,3 +51,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if stress:
         config.hook.pytest_deselected(items=stress)
         items[:] = [item for item in items if item.get_closest_marker("stress") is None]
+
+
+class _FolderTimes:
+    """``--folder-times``: the total duration (set-up, call, teardown) of each test folder, printed at the end."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        folder = report.nodeid.split("::")[0].rpartition("/")[0] or "."
+        self.totals[folder] = self.totals.get(folder, 0.0) + report.duration
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        terminalreporter.section("duration per folder")
+        for folder, seconds in sorted(self.totals.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{seconds:9.1f} s  {folder}")
+        terminalreporter.write_line(f"{sum(self.totals.values()):9.1f} s  in all")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--folder-times", action="store_true", help="print the total duration of each test folder")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--folder-times"):
+        config.pluginmanager.register(_FolderTimes(), "folder-times")

@@ -26,9 +26,17 @@ BOUND = {"before": T + SLACK, "waiting": T + grace_s(T) + SLACK, "decider": T + 
 BOUND["creating"] = T + grace_s(T) + SLACK  # within the 2T + 5 s
 
 
+# Each point and each strategy once in `make test` (one strategy per point, alternating); the other four
+# combinations are stress runs.
+CASES = [
+    pytest.param(point, strategy, id=f"{point}-{strategy}", marks=[pytest.mark.stress] if (i + j) % 2 else [])
+    for i, point in enumerate(["before", "waiting", "decider", "creating"])
+    for j, strategy in enumerate(["enumerate", "local"])
+]
+
+
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("strategy", ["enumerate", "local"])
-@pytest.mark.parametrize("point", ["before", "waiting", "decider", "creating"])
+@pytest.mark.parametrize(("point", "strategy"), CASES)
 def test_a_death_at_any_point_raises_on_every_survivor_naming_the_dead_rank(point: str, strategy: str) -> None:
     results: list[Any] = spawn(faults.death, 4, (point, strategy, T), timeout_s=120, allow_deaths=True)
     assert isinstance(results[faults.VICTIM], WorkerDeath) and results[faults.VICTIM].exitcode == 17

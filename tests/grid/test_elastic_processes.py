@@ -50,7 +50,9 @@ def _check_survivors(results: list[Any], victims: list[int], shape: list[int], r
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("victim", [3, pytest.param(0, marks=pytest.mark.slow)], ids=["middle-rank", "rank0"])
+@pytest.mark.parametrize(
+    "victim", [3, pytest.param(0, marks=[pytest.mark.slow, pytest.mark.stress])], ids=["middle-rank", "rank0"]
+)
 def test_one_death_drops_its_slice(victim: int) -> None:
     results = spawn(elastic.train, 8, (STEPS, [victim], AT, True), timeout_s=120, allow_deaths=True)
     survivors = [r for r in results if not isinstance(r, WorkerDeath)]
@@ -70,6 +72,7 @@ def test_two_deaths_in_one_slice_found_by_timeout() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.stress  # one death in make test (test_one_death_drops_its_slice), two here
 @pytest.mark.timeout(150)
 def test_two_deaths_in_two_slices() -> None:
     results = spawn(elastic.train, 8, (STEPS, [1, 4], AT, True), timeout_s=120, allow_deaths=True)

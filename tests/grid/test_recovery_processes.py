@@ -36,8 +36,13 @@ def test_a_sigkill_is_named_by_the_roll_call_and_every_survivor_recovers_with_60
             assert seen["recovered_s"] < 60.0, (rank, seen)
 
 
+# Two points in `make test` (one in the roll call, one in the re-creation); the other four are stress runs.
+IN_MAKE_TEST = ("decider", "recreate")
+SECOND_DEATHS = [p if p in IN_MAKE_TEST else pytest.param(p, marks=pytest.mark.stress) for p in recovery.POINTS]
+
+
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("point", recovery.POINTS)
+@pytest.mark.parametrize("point", SECOND_DEATHS)
 def test_a_second_death_inside_shrink_is_absorbed(point: str) -> None:
     """tp=2 x dp=3 on 6 ranks: rank 1 dies in a step; rank 4 dies at ``point`` of the survivors' shrink.
 

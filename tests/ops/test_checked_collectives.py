@@ -51,8 +51,8 @@ def test_the_groups_still_work_after_the_mismatches(outcomes: list[dict[str, Any
 
 
 def test_matching_calls_give_the_results_of_unchecked_ones() -> None:
-    checked = spawn(workers.matching_calls, WORLD, (True,), timeout_s=200)
-    unchecked = spawn(workers.matching_calls, WORLD, (False,), timeout_s=200)
+    both = spawn(workers.matching_calls_both, WORLD, timeout_s=200)  # one world, a checked grid then an unchecked
+    checked, unchecked = [pair[0] for pair in both], [pair[1] for pair in both]
     assert checked == unchecked
     # and the unchecked results are right: all_reduce over every rank sums every rank's data
     total = sum(torch.arange(6.0) + 100 * rank for rank in range(WORLD)).tolist()
@@ -100,9 +100,32 @@ def test_a_rank_with_another_setting_is_refused_at_creation_on_every_rank() -> N
 NEVER_MEET_BOUND_S = 30
 
 
+MISMATCHED_ARGUMENTS = ["average_gradients parameters", "average_gradients buckets", "exchange shapes"]
+
+
+@pytest.fixture(scope="module")
+def never_meeting() -> list[dict[str, dict[str, Any]]]:
+    """One world of ``WORLD`` ranks for every case of calls that never meet, one after the other."""
+    out: list[dict[str, dict[str, Any]]] = spawn(
+        workers.each, WORLD, (workers.never_meet, list(workers.NEVER_MEET)), timeout_s=240
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def mismatching() -> list[dict[str, dict[str, Any]]]:
+    """One world of ``WORLD`` ranks for every case of mismatched arguments, one after the other."""
+    out: list[dict[str, dict[str, Any]]] = spawn(
+        workers.each, WORLD, (workers.mismatched_arguments, MISMATCHED_ARGUMENTS), timeout_s=240
+    )
+    return out
+
+
 @pytest.mark.parametrize("case", workers.NEVER_MEET)
-def test_calls_that_never_meet_raise_a_mismatch_on_every_rank_soon(case: str) -> None:
-    outcomes = spawn(workers.never_meet, WORLD, (case,), timeout_s=240)
+def test_calls_that_never_meet_raise_a_mismatch_on_every_rank_soon(
+    never_meeting: list[dict[str, dict[str, Any]]], case: str
+) -> None:
+    outcomes = [per_rank[case] for per_rank in never_meeting]
     for rank, outcome in enumerate(outcomes):
         assert outcome["error"] == "CollectiveMismatchError", (rank, outcome)
         assert outcome["seconds"] < NEVER_MEET_BOUND_S, (rank, outcome)
@@ -110,9 +133,9 @@ def test_calls_that_never_meet_raise_a_mismatch_on_every_rank_soon(case: str) ->
         assert outcome["after"] == [4.0, 4.0], (rank, outcome)  # after destroy() the grid works again
 
 
-@pytest.mark.parametrize("case", ["average_gradients parameters", "average_gradients buckets", "exchange shapes"])
-def test_average_gradients_and_exchange_are_checked(case: str) -> None:
-    outcomes = spawn(workers.mismatched_arguments, WORLD, (case,), timeout_s=240)
+@pytest.mark.parametrize("case", MISMATCHED_ARGUMENTS)
+def test_average_gradients_and_exchange_are_checked(mismatching: list[dict[str, dict[str, Any]]], case: str) -> None:
+    outcomes = [per_rank[case] for per_rank in mismatching]
     raised = [rank for rank, outcome in enumerate(outcomes) if outcome["error"] == "CollectiveMismatchError"]
     if case.startswith("exchange"):
         # Stage 3 receives a tensor of another shape than stage 2 sends: every stage of the pipeline raises.

@@ -159,12 +159,24 @@ def test_creation_fake_mode_counts_new_group_calls(tmp_path: pathlib.Path) -> No
 
 @pytest.mark.processes
 @pytest.mark.timeout(240)
-def test_creation_gloo_mode_schema(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize(
+    ("strategies", "guards", "apis"),
+    [
+        # Every value once, in two fresh jobs; the whole product (eight jobs) is a stress run.
+        ("enumerate", "on", "create_pg"),
+        ("local", "off", "create_pgs"),
+        pytest.param("enumerate,local", "on,off", "create_pg,create_pgs", marks=pytest.mark.stress),
+    ],
+    ids=["enumerate-on-create_pg", "local-off-create_pgs", "all"],
+)
+def test_creation_gloo_mode_schema(tmp_path: pathlib.Path, strategies: str, guards: str, apis: str) -> None:
     json_path = tmp_path / "creation.json"
-    assert creation.main(["--world", "4", "--guard", "on,off", "--repeats", "1", "--json", str(json_path)]) == 0
+    argv = ["--world", "4", "--strategies", strategies, "--guard", guards, "--api", apis, "--repeats", "1"]
+    assert creation.main([*argv, "--json", str(json_path)]) == 0
     rows = json.loads(json_path.read_text())
+    on_off = {"on": True, "off": False}
     assert sorted((r["strategy"], r["guard"], r["api"]) for r in rows) == sorted(
-        (s, g, a) for s in ("enumerate", "local") for g in (True, False) for a in ("create_pg", "create_pgs")
+        (s, on_off[g], a) for s in strategies.split(",") for g in guards.split(",") for a in apis.split(",")
     )
     layout = GridLayout([2, 2], creation.NAMES[:2])
     # The family over both dims is one group of the whole world: the default group, no new_group call.

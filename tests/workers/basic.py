@@ -177,15 +177,20 @@ def guard_scenarios() -> dict[str, Any]:
 def dead_rank_during_creation(victim: int, how: str, guard_timeout_s: float) -> str:
     """``victim`` is killed (or just never calls) while the others create a family."""
     grid = HyperCommGrid([2, 2], ["tp", "dp"], guard_timeout_s=guard_timeout_s)
+    store = c10d._get_default_store()
     dist.barrier()
     if dist.get_rank() == victim:
         if how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(guard_timeout_s * 2 + 5)
+        # Alive but absent until every other rank has its outcome (at most twice the timeout and 5 s).
+        store.wait(["test/absent/others-done"], datetime.timedelta(seconds=guard_timeout_s * 2 + 5))
         return "stayed away"
     start = time.monotonic()
     outcome = _outcome(lambda: grid.create_pg("dp"))
-    return f"{outcome} after {time.monotonic() - start:.1f} s"
+    seconds = time.monotonic() - start
+    if store.add("test/absent/outcomes", 1) == dist.get_world_size() - 1:
+        store.set("test/absent/others-done", "1")
+    return f"{outcome} after {seconds:.1f} s"
 
 
 def create_destroy_cycles(cycles: int) -> dict[str, int]:

@@ -110,6 +110,11 @@ def matching_calls(check: bool) -> dict[str, Any]:
     return results
 
 
+def matching_calls_both() -> tuple[dict[str, Any], dict[str, Any]]:
+    """``matching_calls`` on a checked grid, then on an unchecked one, in the same world."""
+    return matching_calls(True), matching_calls(False)
+
+
 def one_rank_checks() -> str:
     """Rank ``ODD`` alone turns checking on: the first collective's creation must refuse on every rank."""
     rank = dist.get_rank()
@@ -193,3 +198,8 @@ def mismatched_arguments(case: str) -> dict[str, Any]:
         outcome = _timed_steps([lambda: grid.exchange("pp", send_next=torch.ones(2), recv_prev=torch.empty(size))])
     grid.destroy()
     return outcome
+
+
+def each(scenario: Callable[[str], dict[str, Any]], cases: list[str]) -> dict[str, dict[str, Any]]:
+    """``scenario`` for each of ``cases`` in turn, in one world (each builds and destroys its own grid)."""
+    return {case: scenario(case) for case in cases}

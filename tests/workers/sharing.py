@@ -64,3 +64,8 @@ def differing_options(odd_rank: int, what: str) -> str:
     finally:
         grid.destroy()
     return "created"
+
+
+def differing_options_each(odd_rank: int, whats: list[str]) -> dict[str, str]:
+    """``differing_options`` for each of ``whats`` in turn, in one world: each verdict by what differs."""
+    return {what: differing_options(odd_rank, what) for what in whats}
