@@ -35,9 +35,13 @@ def _attempt(call: Any) -> dict[str, Any]:
     return {"type": None}
 
 
-def run(rank: int, size: int, port: int, out: str) -> None:
-    """Join the job (rank 0 hosts the store), make a grid, then rank 0 SIGKILLs itself and the others carry on."""
+def run(rank: int, size: int, port: int, out: str, watch: str = "1") -> None:
+    """Join the job (rank 0 hosts the store), make a grid, then rank 0 SIGKILLs itself and the others carry on.
+
+    ``watch``: ``HYPERGRID_WATCH`` (``"0"``: no watcher, so only the main thread's store calls meet the loss).
+    """
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size))
+    os.environ["HYPERGRID_WATCH"] = watch
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=600))
     grid = HyperCommGrid([2, size // 2], ["tp", "dp"], guard_timeout_s=60.0)
     grid.create_pgs(["tp", "dp"])
