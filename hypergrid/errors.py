@@ -35,6 +35,7 @@ __all__ = [
     "OutOfStepError",
     "RankError",
     "RankFailure",
+    "StoreLostError",
     "UnexpectedArgumentError",
     "ViewNotFoundError",
     "WorkerError",
@@ -172,6 +173,17 @@ class FencedError(HyperGridError, RuntimeError):
     """
 
 
+class StoreLostError(HyperGridError, ConnectionError):
+    """The job's store is gone (the process hosting it died, or the connection to it was cut).
+
+    Every rank that meets the loss gets it, from its next grid call or from a
+    wait the loss ended; torch's own error is kept as ``__cause__``. Not a
+    `RankFailure`: without the store no world can be re-formed, so a recovery
+    loop lets it through and the process should exit (the launcher restarts the
+    job from its last checkpoint).
+    """
+
+
 class GuardTimeoutError(RankFailure, TimeoutError):
     """Some ranks did not reach a collective creation within the guard's timeout.
 
@@ -233,6 +245,7 @@ _OUTCOMES: tuple[type[HyperGridError], ...] = (
     DesyncError,
     RankFailure,
     FencedError,
+    StoreLostError,
     CollectiveMismatchError,
     WorkerError,
 )

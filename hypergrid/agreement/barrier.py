@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hypergrid.agreement import diagnosis
+from hypergrid.binding import alarm
 
 __all__ = ["Barrier", "BarrierFailed", "Prober", "probe_every_s"]
 
@@ -100,7 +101,15 @@ class Barrier:
         self.position = 0  # this member's arrival order (1 for the first), once `run` counted it
 
     def run(self) -> None:
-        """Reach the barrier; return once every member did, else raise `BarrierFailed` (the same on every member)."""
+        """Reach the barrier; return once every member did, else raise `BarrierFailed` (the same on every member).
+
+        Raises:
+            StoreLostError: the job's store is gone.
+        """
+        with alarm.store_calls(self.what):
+            self._run()
+
+    def _run(self) -> None:
         arrived = self.position = self.store.add(self._count, 1)
         if arrived >= len(self.members):
             self._conclude(self._publish("ok"))

@@ -54,6 +54,7 @@ from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.protocol import Round, grace_s, round_keys
 from hypergrid.agreement.request import CreationRequest, shown_ranks
 from hypergrid.agreement.world import current_watcher
+from hypergrid.binding import alarm
 from hypergrid.binding.worldstate import PerWorld
 from hypergrid.errors import RankFailure
 
@@ -207,6 +208,7 @@ def _release_round(store: Any, prefix: str, dead: set[int]) -> None:
             store.delete_key(key)
 
 
+@alarm.store_calls("a creation's guard round")
 def agree(
     request: CreationRequest,
     participants: Sequence[int],
@@ -279,6 +281,7 @@ def _liveness(participants: Sequence[int]) -> tuple[Callable[[], Sequence[int]] 
     return (lambda: [rank for rank in watcher.probe("a guarded creation waits") if rank in members]), watcher.side
 
 
+@alarm.store_calls("a creation's commit barrier")
 def settle(
     prefix: str, participants: Sequence[int], started: float, timeout_s: float, what: str, ledger: GuardLedger | None
 ) -> None:

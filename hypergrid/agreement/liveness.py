@@ -84,17 +84,20 @@ BACKUP_S = 5.0
 END = "end "
 
 
-def end_text(dead: Sequence[int], world_size: int) -> str:
+def end_text(dead: Sequence[int], world_size: int, caller: int | None = None) -> str:
     """The call that ends a world of ``world_size`` ranks whose ``dead`` were left behind.
 
     Every other rank's watcher reads it once (the last deletes it); a rank it
-    names fences itself.
+    names fences itself. ``caller``, the rank that writes it, makes each
+    survivor's end differ, so that only the one whose end opened the incident
+    wakes the watchers (a second wake, landing after a watcher read the end and
+    ended, would stay in the store).
 
     Examples:
-        >>> end_text([3], 8)
-        'end [[3], 7]'
+        >>> end_text([3], 8), end_text([3], 8, caller=0)
+        ('end [[3], 7]', 'end [[3], 7, 0]')
     """
-    return END + json.dumps([sorted(dead), world_size - len(set(dead))])
+    return END + json.dumps([sorted(dead), world_size - len(set(dead)), *([] if caller is None else [caller])])
 
 
 def left_key(world: int) -> str:
@@ -287,7 +290,7 @@ class Incident:
 
     def read_end(self, call: str) -> tuple[int, ...]:
         """This rank read the world's end (`end_text`): count it; the last reader deletes the call. The dead."""
-        dead, readers = json.loads(call[len(END) :])
+        dead, readers = json.loads(call[len(END) :])[:2]
         if self.rank not in dead and self.store.add(self.key("read"), 1) >= readers:
             self.store.delete_key(self.key("call"))
             self.store.delete_key(self.key("read"))

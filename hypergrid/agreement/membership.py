@@ -56,6 +56,7 @@ from typing import Any
 from hypergrid.agreement import diagnosis
 from hypergrid.agreement.barrier import Prober
 from hypergrid.agreement.liveness import majority
+from hypergrid.binding import alarm
 from hypergrid.errors import DesyncError, RankFailure
 from hypergrid.values import format_ranks
 
@@ -192,7 +193,8 @@ class MembershipRound:
             RankFailure: this rank was declared dead (it arrived too late, or another survivor named it).
             DesyncError: survivors asked for different policies or dims.
         """
-        return self.decide() if self.arrive() else self.await_verdict()
+        with alarm.store_calls("shrink's membership round"):
+            return self.decide() if self.arrive() else self.await_verdict()
 
     def arrive(self) -> bool:
         """Count this proposal and arrival; True on the survivor whose count completes its proposal."""

@@ -150,7 +150,7 @@ class Watcher:
         ``dead`` names (alive, but excluded) fences itself. Every survivor may
         call it: the first write counts.
         """
-        text = end_text(dead, size)
+        text = end_text(dead, size, self.rank)
         while True:
             with self._changed:
                 if self.stopped or self.fenced:
@@ -203,6 +203,8 @@ class Watcher:
         except RuntimeError as error:  # the store is gone: the job is over (or this rank is cut off)
             if not self.stopped:
                 LOGGER.debug("hypergrid watcher of world %s rank %s stops: %s", self.world, self.rank, error)
+                if alarm.is_store_loss(error):  # every grid wait of this rank ends with StoreLostError
+                    alarm.lose_store(error)
 
     def _handle(self, prefix: str) -> bool:
         """Answer one incident and act on its verdict; False once this rank is out (fenced) or the world ended."""

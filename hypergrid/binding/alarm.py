@@ -17,20 +17,27 @@ stopped, or cut off) is *fenced* (`fence`): from then on every grid call
 raises ``FencedError``; it never rejoins. The fence outlives the world; the
 failure news belongs to one world (a new default group starts clean).
 
+The job's store dying (the process hosting it, rank 0 under a plain
+``env://`` launch or the launcher's agent) is news for good as well
+(`lose_store`): every grid call and wait from then on raises
+``StoreLostError`` carrying torch's error, whether the watcher's thread met
+the loss or a store call of the main thread did (`store_calls`).
+
 The layer below the watcher: ops and the grid import this module, the
 watcher installs itself here (`install`), so nothing imports upward.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hypergrid.binding.worldstate import PerWorld
-from hypergrid.errors import FencedError, HyperGridError, RankFailure
+from hypergrid.errors import FencedError, HyperGridError, RankFailure, StoreLostError
 from hypergrid.values import format_ranks
 
 __all__ = [
@@ -42,8 +49,12 @@ __all__ = [
     "fence",
     "fenced",
     "install",
+    "is_store_loss",
+    "lose_store",
     "news",
     "sound",
+    "store_calls",
+    "store_lost",
     "wait",
 ]
 
@@ -72,6 +83,7 @@ class _Alarm:
         self.lock = threading.Lock()
         self.world = PerWorld()
         self.fence: str | None = None
+        self.store_lost: BaseException | None = None  # torch's error that showed the job's store gone
 
     def state(self) -> dict[str, Any]:
         with self.lock:
@@ -132,8 +144,69 @@ def check_fence(what: str) -> None:
         raise _fenced_error(what)
 
 
+def is_store_loss(error: BaseException) -> bool:
+    """Whether torch's ``error`` says the connection to the job's store is gone (not a slow or missing key).
+
+    torch raises ``DistNetworkError`` when the store's socket closes under a
+    call ("Failed to recv, got 0 bytes", "Connection reset by peer", "Broken
+    pipe"); a wait that times out is a ``DistStoreError``, which is not a loss.
+
+    Examples:
+        >>> import torch.distributed as dist
+        >>> is_store_loss(dist.DistNetworkError("Failed to recv, got 0 bytes")), is_store_loss(ValueError("x"))
+        (True, False)
+    """
+    import torch.distributed as dist  # (torch is imported by then: only torch's stores raise these)
+
+    return isinstance(error, dist.DistNetworkError)
+
+
+def lose_store(error: BaseException) -> None:
+    """The job's store is gone (``error``: torch's): every grid wait ends, every grid call raises from now on."""
+    with _alarm.lock:
+        if _alarm.store_lost is None:
+            _alarm.store_lost = error
+    sound((), "the job's store is gone")
+
+
+def store_lost(what: str) -> StoreLostError | None:
+    """The ``StoreLostError`` for ``what`` once the job's store is known gone (its ``__cause__``: torch's error)."""
+    cause = _alarm.store_lost
+    if cause is None:
+        return None
+    said = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    error = StoreLostError(
+        f"{what} failed: the job's store is gone ({type(cause).__name__}: {said}); its host (rank 0 under a plain "
+        "env:// launch, else the launcher's agent) died or was cut off, so no rank can agree, recover or re-form a "
+        "world: exit, and restart the job from its last checkpoint"
+    )
+    error.__cause__ = cause
+    return error
+
+
+@contextlib.contextmanager
+def store_calls(what: str) -> Iterator[None]:
+    """Run hypergrid's store calls of ``what``; torch's error for a lost store becomes ``StoreLostError``.
+
+    Examples:
+        >>> with store_calls("a guard round"):
+        ...     pass
+    """
+    try:
+        yield
+    except RuntimeError as error:
+        if isinstance(error, HyperGridError) or not is_store_loss(error):
+            raise
+        lose_store(error)
+        raise (store_lost(what) or StoreLostError(f"{what} failed: the job's store is gone")) from error
+
+
 def check(what: str) -> None:
-    """Raise ``FencedError`` on a fenced rank, ``RankFailure`` once the current world failed; else nothing."""
+    """Raise ``StoreLostError`` once the store is gone, ``FencedError`` on a fenced rank, ``RankFailure`` once the
+    current world failed; else nothing."""
+    lost = store_lost(what)
+    if lost is not None:
+        raise lost
     if _alarm.fence is not None:
         raise _fenced_error(what)
     found = news()
@@ -159,9 +232,16 @@ def failure(what: str, said: str, dead: Sequence[int] = ()) -> HyperGridError:
     data = _alarm.state()
     reporter: Reporter | None = data["reporter"]
     if _alarm.fence is None and data["news"] is None and reporter is not None:
-        found = reporter("failure", f"{what}: {said}")
+        try:
+            with store_calls(what):
+                found = reporter("failure", f"{what}: {said}")
+        except StoreLostError as gone:
+            return gone
         if found is not None:
             sound(found, f"{what}: {said}")
+    lost = store_lost(what)
+    if lost is not None:
+        return lost
     if _alarm.fence is not None:
         return _fenced_error(what)
     known = news()
@@ -206,7 +286,8 @@ def wait(work: Any, what: str, stream: bool = False) -> None:
             waited += probe_after
             reporter = data["reporter"]
             if reporter is not None:  # this wait lasts: is a peer gone (stopped, cut off)? The answer ends it if so
-                reporter("probe", f"{what} waited {waited:g} s")
+                with store_calls(what):
+                    reporter("probe", f"{what} waited {waited:g} s")
             probe_after *= 2
     finally:
         with _alarm.lock:

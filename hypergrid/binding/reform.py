@@ -13,6 +13,12 @@ torch >= 2.13), a shrink that keeps the survivors in their old order (no spare
 takes a dead rank's place) shrinks the default communicator instead
 (``ncclCommShrink``, aborting what was in flight); the store stays the same.
 gloo cannot (``supports_shrinking`` is False): it re-forms as above.
+
+torch's rendezvous writes its keys under that prefix (gloo: each member's
+address for every group formed on the world, ``<group>//<device>//<i>/<rank>``)
+and never deletes them. Once every member of a new world committed (it is past
+forming the world and re-creating the families), one member deletes every
+key of the worlds up to it (`forget_worlds`): no member reads them again.
 """
 
 from __future__ import annotations
@@ -30,7 +36,17 @@ from torch.distributed import distributed_c10d as c10d
 from hypergrid.binding.failures import abort_groups
 from hypergrid.launch import sockets
 
-__all__ = ["Epoch", "can_shrink", "current_epoch", "reform_world", "retire", "tear_down"]
+__all__ = [
+    "Epoch",
+    "can_shrink",
+    "current_epoch",
+    "forget_numbered",
+    "forget_worlds",
+    "reform_world",
+    "retire",
+    "tear_down",
+    "world_prefix",
+]
 
 
 @dataclass
@@ -118,7 +134,7 @@ def reform_world(
     else:
         tear_down()
         bounded = timeout if bound_s is None else min(timeout, datetime.timedelta(seconds=bound_s))
-        store = dist.PrefixStore(f"hypergrid/elastic/{number}/world", epoch.base_store)  # type: ignore[attr-defined]
+        store = dist.PrefixStore(world_prefix(number), epoch.base_store)  # type: ignore[attr-defined]
         before = sockets.snapshot()
         dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=bounded)
         sockets.track(dist.group.WORLD, sockets.opened(before))
@@ -130,6 +146,59 @@ def reform_world(
     new = Epoch(number, epoch.base_store)
     _ours["world"], _ours["epoch"] = weakref.ref(dist.group.WORLD), new
     return new
+
+
+def world_prefix(number: int) -> str:
+    """The store prefix of world ``number``'s default group (torch's rendezvous keys live under it).
+
+    Examples:
+        >>> world_prefix(3)
+        'hypergrid/elastic/3/world'
+    """
+    return f"hypergrid/elastic/{number}/world"
+
+
+def forget_worlds(base_store: Any, up_to: int) -> int:
+    """Delete torch's rendezvous keys of every world numbered ``up_to`` or lower; how many were deleted.
+
+    Call it once every member of world ``up_to`` is past forming it and its
+    groups (its commit barrier): nobody reads those keys again. Groups created
+    on the world later leave theirs until the next shrink. A store that cannot
+    list its keys is left as it is (0).
+
+    Examples:
+        >>> import torch.distributed as dist
+        >>> store = dist.HashStore()
+        >>> store.set("hypergrid/elastic/1/world/0//cpu//0/0", "a"); store.set("hypergrid/elastic/2/ready/count", "1")
+        >>> forget_worlds(store, 1), store.num_keys()
+        (1, 1)
+    """
+    return forget_numbered(base_store, "hypergrid/elastic", up_to, "world/")
+
+
+def forget_numbered(store: Any, prefix: str, up_to: int, part: str = "") -> int:
+    """Delete every key ``<prefix>/<n>/<part>...`` of ``store`` with ``n <= up_to``; how many were deleted.
+
+    A store that cannot list its keys is left as it is (0).
+
+    Examples:
+        >>> import torch.distributed as dist
+        >>> store = dist.HashStore()
+        >>> store.set("hypergrid/live/0/wake/3", "1"); store.set("hypergrid/live/1/wake/0", "1")
+        >>> forget_numbered(store, "hypergrid/live", 0), store.check(["hypergrid/live/1/wake/0"])
+        (1, True)
+    """
+    try:
+        keys = store.list_keys()
+    except (RuntimeError, AttributeError, NotImplementedError):  # a store without a listing (torch's FakeStore)
+        return 0
+    gone = 0
+    for key in keys:
+        head, _, rest = key.partition(f"{prefix}/")
+        number, _, tail = rest.partition("/")
+        if head == "" and number.isdigit() and int(number) <= up_to and tail.startswith(part):
+            gone += bool(store.delete_key(key))
+    return gone
 
 
 def retire() -> None:

@@ -25,7 +25,9 @@ over to `Recovery`:
    `hypergrid.grid.snapshots.StepSnapshots`, bring every replica to it. Once
    the commit passes, the old world ends and its watcher's store connection
    serves the new world's watcher (`hypergrid.agreement.world.World.take_over`:
-   no connection is opened on the way). A death anywhere in an attempt ends it
+   no connection is opened on the way), and the new world's rank 0 deletes
+   torch's rendezvous keys of every world up to it
+   (`hypergrid.binding.reform.forget_worlds`). A death anywhere in an attempt ends it
    on every member, through the old world's roll call: its verdict names the
    dead, who join the dead set, and the next attempt forms the next epoch's
    world from the same old layout. Retired ranks (``"drop"``)
@@ -51,11 +53,12 @@ from torch.distributed import distributed_c10d as c10d
 from hypergrid.agreement.barrier import Barrier, BarrierFailed
 from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.liveness import FAILURE
+from hypergrid.agreement.liveness import PREFIX as LIVE_PREFIX
 from hypergrid.agreement.membership import MembershipRound, Proposal, round_prefix
 from hypergrid.agreement.world import WORLDS, World, current_watcher
 from hypergrid.binding import alarm
 from hypergrid.binding.failures import communicate
-from hypergrid.binding.reform import Epoch, reform_world, retire, tear_down
+from hypergrid.binding.reform import Epoch, forget_numbered, forget_worlds, reform_world, retire, tear_down
 from hypergrid.binding.registry import PgKey
 from hypergrid.errors import DesyncError, FencedError, HyperGridError, RankFailure
 from hypergrid.grid.regrid import Phases, Regrid
@@ -200,6 +203,11 @@ class Recovery:
                 plan, successor = self.plan(sorted({*plan.dead, *gone}), policy, dim, families)
                 number += 1
                 continue
+            if plan.old_to_new[self.rank] == 0:  # every member committed: no one reads torch's rendezvous keys again
+                forget_worlds(self.epoch.base_store, number)
+                # nor a key of the worlds before the old one: their last wake (a world's end woke every watcher,
+                # some after they had read it and left) can land after its watcher ended
+                forget_numbered(self.epoch.base_store, LIVE_PREFIX, self.epoch.number - 1)
             if old is not None:
                 old.end_world(plan.dead, self.world)
                 old.join(self.timeout_s)

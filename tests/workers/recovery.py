@@ -142,6 +142,7 @@ def _left_behind(out: dict[str, Any], keys: KeyRecorder, old_store: Any, base: A
     base.wait(["test/done"])
     out["written"] = len({key for _, key in keys.written})
     out["left"] = keys.left(base)
+    out["stored"] = sorted(key for key in base.list_keys() if key.startswith("hypergrid/"))  # torch's keys too
     out["announcements"] = [r for r in range(8) if old_store.check([announce_key(r)])]
     return out
 

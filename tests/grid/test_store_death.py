@@ -1,0 +1,71 @@
+"""The job's store dies (issue 31, item 5): every survivor's next grid call raises `StoreLostError`, not torch's error.
+
+A plain ``env://`` job whose rank 0 hosts the TCPStore; rank 0 SIGKILLs
+itself after a grid (tp2 x dp2) is made. Each survivor then tries a
+collective over ``dp``, a creation (a guard round on the store) and a
+collective over ``tp`` (rank 1 shares ``tp`` with rank 0, rank 2 ``dp``, rank 3
+neither): each must raise ``StoreLostError`` (a ``HyperGridError``) with
+torch's error as its cause, under a hard timeout. Before, the collectives
+without rank 0 went through and the others raised torch's ``DistNetworkError``.
+Without watchers (``HYPERGRID_WATCH=0``) only the main thread's store calls
+meet the loss: the creation's guard round must translate it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+
+from tests.workers import store_death
+
+pytestmark = [pytest.mark.processes]
+
+SIZE = 4
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _run(tmp_path: Path, watch: str) -> dict[int, dict[str, dict[str, Any]]]:
+    """Run the job; what each survivor's calls raised."""
+    context = mp.get_context("spawn")
+    port = _free_port()
+    workers = [
+        context.Process(target=store_death.run, args=(rank, SIZE, port, str(tmp_path), watch)) for rank in range(SIZE)
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        for worker in workers:
+            worker.join(90)
+    finally:
+        alive = [worker for worker in workers if worker.is_alive()]
+        for worker in alive:
+            worker.kill()
+    assert not alive, "a survivor hung"
+    assert workers[0].exitcode == -9
+    return {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(1, SIZE)}
+
+
+@pytest.mark.timeout(120)
+def test_the_store_host_dying_is_a_store_lost_error_on_every_survivor(tmp_path: Path) -> None:
+    for rank, seen in _run(tmp_path, "1").items():
+        for call, raised in seen.items():
+            assert raised["type"] == "StoreLostError", (rank, call, raised)
+            assert "the job's store is gone" in raised["message"], (rank, call, raised)
+        assert seen["all_reduce"]["cause"] is not None, (rank, seen)  # torch's error, kept
+
+
+@pytest.mark.timeout(120)
+def test_without_watchers_a_guard_round_translates_the_store_loss(tmp_path: Path) -> None:
+    for rank, seen in _run(tmp_path, "0").items():
+        raised = seen["create_pg"]
+        assert raised["type"] == "StoreLostError" and raised["cause"] == "DistNetworkError", (rank, raised)
