@@ -82,11 +82,6 @@ class CallStore:
                 self._own = self.base.clone()
             return self._own
 
-    @property
-    def opened(self) -> bool:
-        """Whether a connection of its own was opened."""
-        return self._own is not None
-
     def close(self) -> None:
         with self._lock:
             self._own = None  # torch closes the socket with the object
@@ -223,15 +218,6 @@ class Worlds:
         if not world.reforming:
             world.close()
             alarm.install(None)
-
-    def close(self, world: World) -> None:
-        """Close ``world`` now (its last grid was destroyed) and forget it."""
-        with self._lock:
-            for key, held in list(self._live.items()):
-                if held is world:
-                    del self._live[key]
-        world.close()
-        alarm.install(None)
 
     def close_all(self) -> None:
         """Close every world (interpreter exit), after collecting the garbage a failure left.
