@@ -216,6 +216,11 @@ class Incident:
         self._complete = False
         self._order = 0  # this rank's place among the answers
 
+    @property
+    def world(self) -> int:
+        """The world number, read from the prefix (`incident_prefix`)."""
+        return int(self.prefix.rsplit("/", 2)[-2])
+
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}"
 
@@ -234,8 +239,7 @@ class Incident:
 
     def wake(self, ranks: Sequence[int]) -> None:
         """Write the wake keys of ``ranks`` in this incident's world (one ``multi_set``)."""
-        world = int(self.prefix.rsplit("/", 2)[-2])
-        keys = [wake_key(world, rank) for rank in ranks]
+        keys = [wake_key(self.world, rank) for rank in ranks]
         self.store.multi_set(keys, [self.prefix] * len(keys))
 
     def answer(self) -> str | None:
@@ -304,9 +308,8 @@ class Incident:
         if self.store.add(self.key("read"), 1) >= readers:
             for name in ("call", "alive", "count", "verdict", "read"):
                 self.store.delete_key(self.key(name))
-            world = int(self.prefix.rsplit("/", 2)[-2])
             for rank in verdict.dead:  # the dead never delete the wake key the call wrote for them
-                self.store.delete_key(wake_key(world, rank))
+                self.store.delete_key(wake_key(self.world, rank))
 
     def _publish(self, verdict: Verdict) -> Verdict:
         text = verdict.encode()
