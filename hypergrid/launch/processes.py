@@ -1,6 +1,6 @@
 """Start a small local process group: spawned workers on one host, or ``torchrun``'s env.
 
-``spawn`` runs a function on ``nprocs`` fresh processes joined in one
+``spawn`` runs a function on ``nprocs`` new processes joined in one
 process group (gloo on CPU by default), with a hard timeout: an exception on
 any rank is re-raised in the parent as ``WorkerError``
 naming that rank with its traceback, and every other worker is stopped. The
@@ -15,6 +15,10 @@ with the rank and pickle's own error. Each worker dumps its Python stack on
 every rank still running is. A worker ends with the parent: if the parent is
 killed (even by SIGKILL), its workers are too (``hypergrid.launch.orphans``).
 
+Workers are started by multiprocessing's ``forkserver`` where the platform
+has it (Linux, macOS), ``spawn`` elsewhere or on request (``start_method``):
+see ``spawn``'s docstring for why.
+
 ``init_from_env`` is the ``torchrun`` path (``env://``): NCCL bound to the
 local GPU when CUDA is present, gloo otherwise.
 """
@@ -28,36 +32,31 @@ import queue as queue_module
 import shutil
 import tempfile
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 from torch.distributed.rendezvous import rendezvous
 
 from hypergrid.errors import BackendError, WorkerError, public
 from hypergrid.launch.ledger import record_uncaught_exceptions
-from hypergrid.launch.orphans import tie_to_parent
 from hypergrid.launch.sockets import opened, snapshot, track
+from hypergrid.launch.spawned import HOST, RETURNED, UNPICKLABLE, start_context, worker
 from hypergrid.launch.stacks import enable_stack_dumps, request_stack_dumps
 from hypergrid.validation import check_bool, check_choice, check_int, check_str, refuse
 from hypergrid.values import check_timeout, first_line
 
 __all__ = ["default_device", "init_from_env", "spawn"]
 
-_HOST = "127.0.0.1"
 #: The most workers ``spawn`` starts: local processes on one host (a larger number is refused, not attempted).
 MAX_SPAWN = 1024
 #: A backend argument as torch spells one: a name or ``device:backend`` pairs.
 _BACKEND_TEXT = r"[A-Za-z0-9_]+(:[A-Za-z0-9_]+)?(,[A-Za-z0-9_]+:[A-Za-z0-9_]+)*"
 # After one worker fails, how long to let the others' exit codes land before reporting.
 _SETTLE_SECONDS = 0.5
-# What a worker's message says: it raised, it returned (pickled bytes follow), or its value cannot be pickled.
-_FAILED, _RETURNED, _UNPICKLABLE = "failed", "returned", "unpicklable"
 
 
 @dataclass(frozen=True)
@@ -142,63 +141,6 @@ def _env_store(timeout: datetime.timedelta) -> tuple[Any, int, int]:
     return PrefixStore(prefix, store), rank, world_size
 
 
-def _worker(
-    parent: int,
-    rank: int,
-    nprocs: int,
-    port: int,
-    backend: str,
-    timeout_s: float,
-    fn: Callable[..., Any],
-    args: Sequence[Any],
-    results: Any,
-    stack_dir: str,
-) -> None:
-    tie_to_parent(parent)  # a SIGKILLed parent leaves no worker behind
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(nprocs),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(nprocs),
-        MASTER_ADDR=_HOST,
-        MASTER_PORT=str(port),
-    )
-    try:
-        enable_stack_dumps(stack_dir, rank)
-        timeout = datetime.timedelta(seconds=timeout_s)
-        store = TCPStore(_HOST, port, is_master=False, timeout=timeout)
-        device_id = None
-        if backend == "nccl":
-            device_id = torch.device("cuda", rank % torch.cuda.device_count())
-            torch.cuda.set_device(device_id)
-        before = snapshot()
-        dist.init_process_group(
-            backend, store=store, rank=rank, world_size=nprocs, timeout=timeout, device_id=device_id
-        )
-        track(dist.group.WORLD, opened(before))  # severed if the world fails (a gloo abort)
-        value = fn(*args)
-    except BaseException:
-        results.put((rank, _FAILED, traceback.format_exc()))
-    else:
-        results.put(_pickled(rank, value))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _pickled(rank: int, value: Any) -> tuple[int, str, Any]:
-    """The worker's message: its value as pickled bytes, or why it cannot be pickled.
-
-    Pickled here, while the worker lives: a tensor put on the queue as it is
-    would travel as shared memory that the parent may still be mapping when
-    the worker exits.
-    """
-    try:
-        return rank, _RETURNED, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as error:
-        return rank, _UNPICKLABLE, f"{type(error).__name__}: {error}"
-
-
 def _stop(processes: list[Any]) -> None:
     processes = [process for process in processes if process.pid is not None]  # started ones only
     for process in processes:
@@ -220,6 +162,7 @@ def spawn(
     backend: str = "gloo",
     timeout_s: float = 120.0,
     allow_deaths: bool = False,
+    start_method: str | None = None,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``nprocs`` new processes joined in one process group.
 
@@ -240,6 +183,17 @@ def spawn(
         allow_deaths: for fault-injection tests: a worker that dies without
             reporting yields a ``WorkerDeath`` in the results instead of
             stopping the run, so the other ranks' outcomes can be inspected.
+        start_method: ``"forkserver"`` (the default where the platform has
+            it: Linux, macOS) forks each worker from one server process
+            that imported torch and hypergrid once, at this process's first
+            ``spawn``: a fresh interpreter spends over a second of CPU per
+            worker importing torch. ``"spawn"`` (the default elsewhere)
+            starts a fresh interpreter per worker. Either way a worker gets
+            this process's environment as it is at the call, and a script's
+            ``__main__`` is run again (it needs its ``__name__`` guard); NCCL
+            works under both (the server never initializes CUDA). Choose
+            ``"spawn"`` when what torch reads at its import must come from
+            this call's environment (``hypergrid.launch.spawned``).
 
     Returns:
         ``fn``'s return value from every rank, indexed by rank.
@@ -250,9 +204,13 @@ def spawn(
             died without a word (its exit code; unless ``allow_deaths``), or the
             run passed ``timeout_s`` (the ranks that had not finished are named,
             each with its current Python stack). No worker is left running.
+        InvalidArgumentError: a ``start_method`` this platform does not
+            have (one of ``"forkserver"``, ``"spawn"``).
 
     Examples:
         >>> spawn(dist.get_world_size, 2)
+        [2, 2]
+        >>> spawn(dist.get_world_size, 2, start_method="spawn")
         [2, 2]
     """
     _check_function(fn)
@@ -264,14 +222,26 @@ def spawn(
         raise BackendError("backend 'nccl' needs CUDA devices, and torch.cuda.is_available() is False")
     timeout_s = check_timeout(timeout_s, "timeout_s")
     allow_deaths = check_bool("spawn", "allow_deaths", allow_deaths)
-    store = TCPStore(_HOST, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s))
-    context = mp.get_context("spawn")
+    context = start_context(start_method)
+    store = TCPStore(HOST, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s))
     results = context.Queue()
     stack_dir = tempfile.mkdtemp(prefix="hypergrid-stacks-")
     processes = [
         context.Process(
-            target=_worker,
-            args=(os.getpid(), rank, nprocs, store.port, backend, timeout_s, fn, tuple(args), results, stack_dir),
+            target=worker,
+            args=(
+                os.getpid(),
+                dict(os.environ),
+                rank,
+                nprocs,
+                store.port,
+                backend,
+                timeout_s,
+                fn,
+                tuple(args),
+                results,
+                stack_dir,
+            ),
             name=f"hypergrid-rank{rank}",
         )
         for rank in range(nprocs)
@@ -316,10 +286,10 @@ def _collect(
             if time.monotonic() > deadline and len(values) < nprocs:
                 raise _timed_out(processes, values, timeout_s, stack_dir) from None
             continue
-        if outcome == _RETURNED:
+        if outcome == RETURNED:
             values[rank] = _unpickled(rank, nprocs, value)
             continue
-        if outcome == _UNPICKLABLE:
+        if outcome == UNPICKLABLE:
             raise WorkerError(
                 f"rank {rank} of {nprocs} returned a value that cannot be pickled, so spawn cannot hand it back: "
                 f"{value} (return plain data: tensors, numbers, lists, dicts, instances of importable classes)",

@@ -14,12 +14,25 @@ from tests.workers import basic as workers
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
 
-def test_results_come_back_by_rank_with_the_environment_set() -> None:
-    results = spawn(workers.environment, 3, timeout_s=120)
+@pytest.mark.parametrize("start_method", [None, "forkserver", "spawn"])
+def test_results_come_back_by_rank_with_the_environment_set(start_method: str | None) -> None:
+    results = spawn(workers.environment, 3, timeout_s=120, start_method=start_method)
     assert results == [
         {"RANK": str(r), "WORLD_SIZE": "3", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "3", "dist_rank": str(r)}
         for r in range(3)
     ]
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_workers_get_the_environment_of_the_call(start_method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variable set between two calls reaches the second call's workers (a forkserver's own is older)."""
+    name = "HYPERGRID_TEST_VARIABLE"
+    monkeypatch.setenv(name, "first")
+    assert spawn(workers.variable, 2, (name,), start_method=start_method) == ["first"] * 2
+    monkeypatch.setenv(name, "second")
+    assert spawn(workers.variable, 1, (name,), start_method=start_method) == ["second"]
+    monkeypatch.delenv(name)
+    assert spawn(workers.variable, 1, (name,), start_method=start_method) == [None]
 
 
 def test_an_exception_on_one_rank_names_it_with_its_traceback() -> None:
@@ -55,6 +68,8 @@ def test_a_hang_is_stopped_at_the_timeout_naming_the_ranks() -> None:
         ({"nprocs": 2, "timeout_s": 0}, InvalidArgumentError, "0"),
         ({"nprocs": 2, "timeout_s": "1"}, InvalidArgumentError, "'1'"),
         ({"nprocs": 2, "backend": "mpi"}, BackendError, "'mpi'"),
+        ({"nprocs": 2, "start_method": "fork"}, InvalidArgumentError, "start_method='fork': expected one of"),
+        ({"nprocs": 2, "start_method": 1}, InvalidArgumentError, "start_method=1"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_process_starts(kwargs: dict[str, Any], error: type, text: str) -> None:

@@ -85,10 +85,13 @@ def test_a_parent_gone_before_the_tie_leaves_no_worker() -> None:
     assert done.returncode == orphans.ORPHANED and done.stdout == ""
 
 
-def test_spawns_workers_end_when_the_spawning_parent_is_sigkilled(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_spawns_workers_end_when_the_spawning_parent_is_sigkilled(tmp_path: pathlib.Path, start_method: str) -> None:
+    """Under a forkserver, the workers' parent is the server, which the workers alone must not keep alive."""
     code = (
         f"import sys; sys.path[:0] = [{str(ROOT)!r}]; import hypergrid; from tests.workers import launched; "
-        f"hypergrid.spawn(launched.sleep_forever, 2, ({str(tmp_path)!r},), timeout_s=300)"
+        f"hypergrid.spawn(launched.sleep_forever, 2, ({str(tmp_path)!r},), timeout_s=300, "
+        f"start_method={start_method!r})"
     )
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
     workers: list[int] = []
@@ -98,9 +101,11 @@ def test_spawns_workers_end_when_the_spawning_parent_is_sigkilled(tmp_path: path
             time.sleep(0.1)
         workers = [int(path.read_text()) for path in sorted(tmp_path.glob("rank*.pid"))]
         assert len(workers) == 2, parent.poll()
+        parents = {int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in workers}
+        assert (parents == {parent.pid}) == (start_method == "spawn"), parents  # else the launcher's forkserver
         parent.kill()
         parent.wait()
-        assert wait_gone(workers) == []
+        assert wait_gone(workers + sorted(parents - {parent.pid})) == []  # the workers and the server
     finally:
         for pid in workers:
             if not gone(pid):

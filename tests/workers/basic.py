@@ -94,6 +94,11 @@ def environment() -> dict[str, str]:
     return {key: os.environ[key] for key in keys} | {"dist_rank": str(dist.get_rank())}
 
 
+def variable(name: str) -> str | None:
+    """The worker's value of the environment variable ``name`` (None: not set)."""
+    return os.environ.get(name)
+
+
 def _outcome(create: Any) -> str:
     """Run a creation; describe its result or the hypergrid error it raised."""
     try:

@@ -1,0 +1,182 @@
+"""The worker side of ``spawn``: how a worker is started, tied to its launcher, and what it reports.
+
+``spawn`` starts its workers from a forkserver that imported torch once, or a fresh interpreter each.
+
+A fresh interpreter (multiprocessing's ``spawn``) imports torch and hypergrid
+again in every worker: over a second of CPU each, so eight ranks cost about
+five seconds on two cores before any work. multiprocessing's ``forkserver``
+starts one server process per launcher, at its first ``spawn``, which imports
+them once (``set_forkserver_preload``); each worker is forked from it, then
+prepared as under ``spawn`` (the caller's ``sys.path``, working directory and
+``__main__``). Measured on the shared 2-core machine: 8 ranks that return
+their world size, 4.7 s a run with fresh interpreters, 0.16 s forked (1.2 s
+for the first, which starts the server).
+
+The server imports torch but initializes no CUDA (``torch.cuda.is_initialized()``
+stays False through these imports), so a worker forked from it binds its GPU
+as a fresh process would: NCCL needs no other start method.
+
+The server's environment is the launcher's at its first ``spawn``; each
+worker replaces it with the launcher's at the call (``worker``), so a
+variable set between two calls reaches the second one's workers as under
+``spawn``. What torch reads once at its import stays as the server read it:
+for that, ``start_method="spawn"``.
+
+A forkserver's worker is the server's child, not the launcher's, and the
+server lives until its launcher and every worker it forked have closed its
+keep-alive pipe: a worker whose launcher was SIGKILLed would keep the server,
+and so itself, alive. So each worker closes its copy first thing
+(``tie_to_launcher``): the server ends with the launcher, and the kernel's
+parent-death signal ends the workers with the server.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
+
+from hypergrid.launch.orphans import tie_to_parent
+from hypergrid.launch.sockets import opened, snapshot, track
+from hypergrid.launch.stacks import enable_stack_dumps
+from hypergrid.validation import check_choice
+
+__all__ = ["START_METHODS", "pickled", "start_context", "tie_to_launcher", "worker"]
+
+#: Where the launcher hosts the store.
+HOST = "127.0.0.1"
+# What a worker's message says: it raised, it returned (pickled bytes follow), or its value cannot be pickled.
+FAILED, RETURNED, UNPICKLABLE = "failed", "returned", "unpicklable"
+
+#: How ``spawn`` may start its workers, in order of preference: ``None`` picks the first this platform has.
+START_METHODS = ("forkserver", "spawn")
+#: What the forkserver imports once, so that no worker forked from it imports them again.
+PRELOAD = ("torch", "torch.distributed", "torch.multiprocessing", "hypergrid")
+
+
+def start_context(start_method: str | None) -> Any:
+    """The multiprocessing context that starts ``spawn``'s workers.
+
+    Raises:
+        InvalidArgumentError: not one of ``START_METHODS`` this platform has.
+
+    Examples:
+        >>> start_context("spawn").get_start_method()
+        'spawn'
+        >>> start_context("fork")
+        Traceback (most recent call last):
+          ...
+        hypergrid.errors.InvalidArgumentError: spawn: start_method='fork': expected one of 'forkserver', 'spawn'
+    """
+    available = [method for method in START_METHODS if method in mp.get_all_start_methods()]
+    chosen = check_choice("spawn", "start_method", available[0] if start_method is None else start_method, available)
+    context = mp.get_context(chosen)
+    if chosen == "forkserver":
+        context.set_forkserver_preload(list(PRELOAD))  # read once, when this process's server starts
+    return context
+
+
+def tie_to_launcher(launcher: int) -> None:
+    """End this worker when ``launcher`` (the process that called ``spawn``) dies, however it was started.
+
+    Started by ``spawn``, its parent is the launcher: the kernel's parent-death
+    signal (``tie_to_parent``). Forked by the launcher's forkserver, its parent
+    is the server: the signal ties it to the server, and this worker closes its
+    copy of the server's keep-alive pipe, so that the server ends with the
+    launcher (its pipe then closes, however the launcher died) and this worker
+    with the server.
+    """
+    keep_alive = _server_keep_alive()
+    if keep_alive is None:
+        tie_to_parent(launcher)
+        return
+    tie_to_parent(os.getppid())  # the server: alive, since this worker still holds its pipe open
+    os.close(keep_alive)
+    sys.modules["multiprocessing.forkserver"]._forkserver._forkserver_alive_fd = None  # closed: never used again
+
+
+def _server_keep_alive() -> int | None:
+    """This process's copy of its forkserver's keep-alive pipe (a worker forked by one), else None.
+
+    multiprocessing hands each forked worker the pipe so that the worker could
+    use the same server (a private attribute, the same from Python 3.7 to
+    3.13); a worker that starts processes of its own starts a server of its
+    own anyway, since it never started that one.
+    """
+    module = sys.modules.get("multiprocessing.forkserver")  # imported in every process a server forked
+    server = getattr(module, "_forkserver", None)
+    keep_alive = getattr(server, "_forkserver_alive_fd", None)
+    return keep_alive if isinstance(keep_alive, int) else None
+
+
+def worker(
+    launcher: int,
+    environment: dict[str, str],
+    rank: int,
+    nprocs: int,
+    port: int,
+    backend: str,
+    timeout_s: float,
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    results: Any,
+    stack_dir: str,
+) -> None:
+    """One rank of ``spawn``: tied to its launcher, in the launcher's environment, joined to the group; runs ``fn``.
+
+    What ``fn`` returned (pickled here), or the traceback of what it raised, goes on ``results``.
+    """
+    tie_to_launcher(launcher)  # a SIGKILLed parent leaves no worker behind
+    os.environ.clear()  # the launcher's environment at the call (a forkserver's is the one it started with)
+    os.environ.update(environment)
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(nprocs),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(nprocs),
+        MASTER_ADDR=HOST,
+        MASTER_PORT=str(port),
+    )
+    try:
+        enable_stack_dumps(stack_dir, rank)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = TCPStore(HOST, port, is_master=False, timeout=timeout)
+        device_id = None
+        if backend == "nccl":
+            device_id = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(device_id)
+        before = snapshot()
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=nprocs, timeout=timeout, device_id=device_id
+        )
+        track(dist.group.WORLD, opened(before))  # severed if the world fails (a gloo abort)
+        value = fn(*args)
+    except BaseException:
+        results.put((rank, FAILED, traceback.format_exc()))
+    else:
+        results.put(pickled(rank, value))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def pickled(rank: int, value: Any) -> tuple[int, str, Any]:
+    """The worker's message: its value as pickled bytes, or why it cannot be pickled.
+
+    Pickled here, while the worker lives: a tensor put on the queue as it is
+    would travel as shared memory that the parent may still be mapping when
+    the worker exits.
+    """
+    try:
+        return rank, RETURNED, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:
+        return rank, UNPICKLABLE, f"{type(error).__name__}: {error}"
