@@ -191,9 +191,12 @@ def spawn(
             starts a fresh interpreter per worker. Either way a worker gets
             this process's environment as it is at the call, and a script's
             ``__main__`` is run again (it needs its ``__name__`` guard); NCCL
-            works under both (the server never initializes CUDA). Choose
-            ``"spawn"`` when what torch reads at its import must come from
-            this call's environment (``hypergrid.launch.spawned``).
+            works under both (the server never initializes CUDA). A forked
+            worker ends with ``os._exit`` after ``fn`` and
+            ``destroy_process_group``: its ``atexit`` handlers do not run.
+            Choose ``"spawn"`` when ``fn`` relies on them, or when what torch
+            reads at its import must come from this call's environment
+            (``hypergrid.launch.spawned``).
 
     Returns:
         ``fn``'s return value from every rank, indexed by rank.

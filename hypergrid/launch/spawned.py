@@ -19,8 +19,11 @@ as a fresh process would: NCCL needs no other start method.
 The server's environment is the launcher's at its first ``spawn``; each
 worker replaces it with the launcher's at the call (``worker``), so a
 variable set between two calls reaches the second one's workers as under
-``spawn``. What torch reads once at its import stays as the server read it:
-for that, ``start_method="spawn"``.
+``spawn``. What torch reads once at its import stays as the server read it.
+And multiprocessing ends a forked worker with ``os._exit``, not an
+interpreter exit: its ``atexit`` handlers do not run (``worker`` has called
+``destroy_process_group`` by then, which closes hypergrid's world). For
+either, ``start_method="spawn"``.
 
 A forkserver's worker is the server's child, not the launcher's, and the
 server lives until its launcher and every worker it forked have closed its
