@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hypergrid import HyperCommGrid
+from hypergrid.binding.reform import current_epoch
 from hypergrid.errors import HyperGridError, RankFailure
 
 FEATURES, BATCH, LR = 8, 12, 0.05
@@ -156,8 +157,11 @@ def absent_survivor(timeout_s: float, shrink_timeout_s: float) -> dict[str, Any]
     rank = dist.get_rank()
     if rank == 3:
         os._exit(1)
-    if rank == 5:
-        time.sleep(shrink_timeout_s + 5)  # alive, but never calls shrink; then gone without a word
+    store = current_epoch().base_store  # the job's first store: it outlives the world the shrink forms
+    survivors = [r for r in range(dist.get_world_size()) if r not in (3, 5)]
+    if rank == 5:  # alive, but never calls shrink, until every survivor is through it; then gone without a word
+        with contextlib.suppress(RuntimeError):  # the wait's own bound passed: gone anyway
+            store.wait([f"test/absent/done/{r}" for r in survivors], datetime.timedelta(seconds=shrink_timeout_s + 60))
         os._exit(0)
     with contextlib.suppress(RankFailure):
         grid.all_reduce(torch.ones(1), "dp")
@@ -168,6 +172,7 @@ def absent_survivor(timeout_s: float, shrink_timeout_s: float) -> dict[str, Any]
         total = torch.ones(1)
         regrid.grid.all_reduce(total, ["dp", "tp"])
         out["sum"] = total.item()
+    store.set(f"test/absent/done/{rank}", "1")
     return out
 
 
