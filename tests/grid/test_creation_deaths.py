@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.processes]
 HELD = {"before": ["tp"], "torch": ["tp"], "registered": ["tp"], "committed": ["tp", "dp", "dp-tp"]}
 
 
-def _check(results: list[Any], points: list[str]) -> None:
+def _check(results: list[Any], points: list[str], strategy: str = "enumerate") -> None:
     """Every survivor of every round: the failure, equal registries, a shrink, the right all-reduce."""
     alive = {index: result for index, result in enumerate(results) if not isinstance(result, WorkerDeath)}
     deaths = [result for result in results if isinstance(result, WorkerDeath)]
@@ -40,7 +40,10 @@ def _check(results: list[Any], points: list[str]) -> None:
             assert "error" not in seen, (point, index, seen)
             assert seen["caught"] == "RankFailure" or seen["caught"].endswith("Error"), (point, index, seen)
             assert seen["dead"] == [atomic.VICTIM], (point, index, seen)
-            assert seen["keys"] == HELD[point], (point, index, seen)  # the same registry on every survivor
+            if strategy == "enumerate":  # the same registry on every survivor
+                assert seen["keys"] == HELD[point], (point, index, seen)
+            else:  # each group commits alone: the victim's group rolled "dp" back, the other kept it
+                assert seen["keys"] in (HELD[point], ["tp", "dp"]), (point, index, seen)
             assert seen["shrunk"] == [atomic.VICTIM], (point, index, seen)
             if not seen["retired"]:
                 assert seen["new_keys"] == HELD[point], (point, index, seen)
@@ -60,3 +63,12 @@ def test_a_death_before_the_guard_then_after_the_commit_then_inside_torch() -> N
     """8 -> 6 -> 4 -> 2: a death before the guard round, then after the commit, then inside torch."""
     points = ["before", "committed", "torch"]
     _check(spawn(atomic.creation_deaths, 8, (points,), timeout_s=260, allow_deaths=True), points)
+
+
+@pytest.mark.timeout(200)
+def test_under_local_a_death_inside_torch_leaves_the_groups_apart_and_shrink_keeps_what_all_hold() -> None:
+    """8 -> 6 under "local": the victim's group rolls "dp" back, the other keeps it; shrink re-creates "tp" only."""
+    results = spawn(atomic.creation_deaths, 8, (["torch"], "local"), timeout_s=160, allow_deaths=True)
+    _check(results, ["torch"], "local")
+    held = {tuple(out["rounds"][0]["keys"]) for out in results if isinstance(out, dict)}
+    assert held == {("tp",), ("tp", "dp")}, held  # both kinds seen: the groups did part

@@ -14,6 +14,10 @@ all-reduce over every dim of the new grid. Points:
 - ``registered``: ``os._exit`` after every rank (the victim too) created and
   registered the families of a ``create_pgs``, before the commit;
 - ``committed``: ``os._exit`` once the commit passed (every rank holds the families).
+
+Under ``"local"`` the ``torch`` death comes at the victim's only ``new_group`` (its own ``dp`` group): that
+group's members roll ``dp`` back, the other group keeps it (each group commits alone), and ``shrink``
+re-creates what every survivor holds.
 """
 
 from __future__ import annotations
@@ -41,25 +45,26 @@ SHRINK_TIMEOUT_S = 30.0
 _BATCH: Any = hypergrid.grid.batch
 
 
-def _die_inside_enumeration() -> None:
-    """Exit at torch's second ``new_group`` call (``new_subgroups_by_enumeration`` looks the name up in c10d)."""
+def _die_inside_torch(call: int) -> None:
+    """Exit at torch's ``call``-th ``new_group`` (``new_subgroups_by_enumeration`` looks the name up in c10d,
+    members-only creation calls ``torch.distributed.new_group``)."""
     real, calls = c10d.new_group, [0]
 
     def dying(*args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
-        if calls[0] == 2:
+        if calls[0] == call:
             os._exit(17)
         return real(*args, **kwargs)
 
-    c10d.new_group = dying
+    c10d.new_group = dist.new_group = dying
 
 
-def _die_at(point: str) -> None:
+def _die_at(point: str, strategy: str) -> None:
     """Arrange this rank's death at ``point`` of the next creation (``before``: now)."""
     if point == "before":
         os.kill(os.getpid(), signal.SIGKILL)
-    elif point == "torch":
-        _die_inside_enumeration()
+    elif point == "torch":  # "enumerate" makes every group of the family, "local" only the caller's
+        _die_inside_torch(2 if strategy == "enumerate" else 1)
     elif point == "registered":
         _BATCH.settle = lambda *args, **kwargs: os._exit(17)
     elif point == "committed":
@@ -102,21 +107,20 @@ def creation_deaths(points: list[str], strategy: str = "enumerate") -> dict[str,
     )
     grid.create_pg("tp")
     out: dict[str, Any] = {"old_rank": dist.get_rank(), "rounds": []}
-    for point in points:
+    for number, point in enumerate(points):
         rank, size = dist.get_rank(), dist.get_world_size()
         seen: dict[str, Any] = {"point": point, "world": size}
         out["rounds"].append(seen)
         dist.barrier()  # every rank reaches the round before the victim arranges its death
         if rank == VICTIM:
-            _die_at(point)
+            _die_at(point, strategy)
         start = time.monotonic()
         try:
             _create(grid, point)
-            if point != "committed":
-                seen["error"] = "the creation went through with a dead rank"
-                return out
-            grid.all_reduce(torch.ones(1), "dp")  # the death after the commit is met here
-            seen["error"] = "a collective went through with a dead rank"
+            # After the commit, or in a "local" group without the victim, the failure is met in the next step.
+            grid.all_reduce(torch.ones(1), "tp")
+            grid.all_reduce(torch.ones(1), "dp")
+            seen["error"] = "a step went through with a dead rank"
             return out
         except RankFailure as failure:
             seen.update(caught=type(failure).__name__, dead=failure.dead, seconds=time.monotonic() - start)
@@ -128,7 +132,8 @@ def creation_deaths(points: list[str], strategy: str = "enumerate") -> dict[str,
         grid = regrid.grid
         seen["new_keys"] = [str(key) for key in grid.created_keys]
         seen["sum"], seen["expected"] = _sum_of_ranks(grid)
-        grid.destroy()  # the next round starts from ``tp`` alone again
-        grid.create_pg("tp")
+        if number < len(points) - 1:  # the next round starts from ``tp`` alone again
+            grid.destroy()
+            grid.create_pg("tp")
     grid.destroy()
     return out
