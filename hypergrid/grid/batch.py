@@ -384,21 +384,10 @@ class GuardedCreation(GridFacet):
             what = repr(guard_key(plans[0][0])) if len(plans) == 1 else f"{len(plans)} families"
             for participants, prefix in dict.fromkeys((tuple(r[0]), r[1]) for r in rounds if r is not None):
                 settle(f"{prefix}/commit", participants, started, self.guard_timeout_s, what, self._guard_ledger)
-        except BaseException:
-            self._roll_back(added)
+        except BaseException:  # roll back (docs/reliability.md): the commit's outcome is the same on every rank
+            abort_groups(self._pool.release_registry(self._pgs, added))  # forget them, abort what only they held
             raise
         return self._created(plans, per_node)
-
-    def _roll_back(self, keys: Sequence[PgKey]) -> None:
-        """A creation failed: forget ``keys`` (this call's families) and abort the groups only they held.
-
-        The commit's outcome is written once (`settle`), so every participant
-        that got this far raises and rolls back alike: no family of a failed
-        call stays registered anywhere, and ``shrink`` finds the same
-        families on every survivor. Groups the call only shared stay.
-        """
-        if keys:
-            abort_groups(self._pool.release_registry(self._pgs, keys))
 
     def _created(self, plans: Sequence[Plan], per_node: int | None) -> dict[PgKey, dist.ProcessGroup | None]:
         """Remember how each new family enumerates (and a half's node size); the caller's group of each."""
