@@ -27,7 +27,7 @@ from hypergrid.agreement.world import ensure_watching
 from hypergrid.binding import alarm
 from hypergrid.binding.creation import check_can_split, check_creatable, check_strategy, create_family
 from hypergrid.binding.facet import GridFacet
-from hypergrid.binding.failures import check_live
+from hypergrid.binding.failures import abort_groups, check_live
 from hypergrid.binding.options import check_tag, describe_options, family_options
 from hypergrid.binding.registry import PgKey, create_uninitialized, for_view, guard_key, member_or_none, scoped, tagged
 from hypergrid.binding.worldstate import held_group_count
@@ -66,6 +66,7 @@ class GuardedCreation(GridFacet):
         _failures_seen: int
         _ordinal: int
         _guard_ledger: GuardLedger
+        _pool: Any
 
         group_options: dict[str, Any]
         _root: Any
@@ -354,32 +355,38 @@ class GuardedCreation(GridFacet):
         )
         bound = self.guard_timeout_s if any(rounds) else bound_s
         started = time.monotonic()
-        for index, (key, layout, ordered) in enumerate(plans):
-            my_ranks = layout.group_ranks(ordered, rank) if local else None
-            # Again, now: a family of this batch may share the group an earlier one just made.
-            sharing, shared = self._shared(layout, ordered, key, backend, options, tag)
+        added: list[PgKey] = []  # what this call registered: rolled back unless every participant commits
+        try:
+            for index, (key, layout, ordered) in enumerate(plans):
+                my_ranks = layout.group_ranks(ordered, rank) if local else None
+                # Again, now: a family of this batch may share the group an earlier one just made.
+                sharing, shared = self._shared(layout, ordered, key, backend, options, tag)
 
-            def create(layout: GridLayout = layout, ordered: Sequence[str] = ordered, mine: Any = my_ranks) -> Any:
-                rank_enum = None if chosen == "local" else layout.rank_enum(ordered)
-                return create_family(chosen, rank_enum, mine, {**options, "backend": backend}, bound_s=bound)
+                def create(layout: GridLayout = layout, ordered: Sequence[str] = ordered, mine: Any = my_ranks) -> Any:
+                    rank_enum = None if chosen == "local" else layout.rank_enum(ordered)
+                    return create_family(chosen, rank_enum, mine, {**options, "backend": backend}, bound_s=bound)
 
-            try:
-                self._pgs[key] = self._keep(sharing, shared, key, create, backend, tag, options)
-            except HyperGridError:
-                raise
-            except RuntimeError as error:  # torch: a peer died or hung while the groups were made
-                round_of = rounds[index] if rounds else None
-                if round_of is None:
-                    raise  # no guard round: nobody can tell a dead peer from ranks that disagree
-                participants, prefix = round_of
-                raise creation_failed(
-                    error, repr(guard_key(key)), f"{prefix}/commit", participants, started, self.guard_timeout_s,
-                    self._guard_ledger,
-                ) from error  # fmt: skip
-        # Every participant must have its groups before any goes on (a death there fails them all alike).
-        what = repr(guard_key(plans[0][0])) if len(plans) == 1 else f"{len(plans)} families"
-        for participants, prefix in dict.fromkeys((tuple(r[0]), r[1]) for r in rounds if r is not None):
-            settle(f"{prefix}/commit", participants, started, self.guard_timeout_s, what, self._guard_ledger)
+                try:
+                    self._pgs[key] = self._keep(sharing, shared, key, create, backend, tag, options)
+                    added.append(key)
+                except HyperGridError:
+                    raise
+                except RuntimeError as error:  # torch: a peer died or hung while the groups were made
+                    round_of = rounds[index] if rounds else None
+                    if round_of is None:
+                        raise  # no guard round: nobody can tell a dead peer from ranks that disagree
+                    participants, prefix = round_of
+                    raise creation_failed(
+                        error, repr(guard_key(key)), f"{prefix}/commit", participants, started, self.guard_timeout_s,
+                        self._guard_ledger,
+                    ) from error  # fmt: skip
+            # Every participant must have its groups before any goes on (a death there fails them all alike).
+            what = repr(guard_key(plans[0][0])) if len(plans) == 1 else f"{len(plans)} families"
+            for participants, prefix in dict.fromkeys((tuple(r[0]), r[1]) for r in rounds if r is not None):
+                settle(f"{prefix}/commit", participants, started, self.guard_timeout_s, what, self._guard_ledger)
+        except BaseException:  # roll back (docs/reliability.md): the commit's outcome is the same on every rank
+            abort_groups(self._pool.release_registry(self._pgs, added))  # forget them, abort what only they held
+            raise
         return self._created(plans, per_node)
 
     def _created(self, plans: Sequence[Plan], per_node: int | None) -> dict[PgKey, dist.ProcessGroup | None]:

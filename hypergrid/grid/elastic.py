@@ -167,7 +167,8 @@ class Elastic(GridFacet):
         re-formed over the survivors (contiguous new ranks, in the old order,
         under a new epoch's store prefix) and a new grid with the same dims,
         backend, strategy, options, guard settings and views re-creates every
-        family the old grid had (``created_keys`` equal), ending with a commit
+        family the old grid had (``created_keys`` equal; on a ``"local"`` grid, whose
+        groups commit alone, those every survivor holds), ending with a commit
         every survivor passes together. A rank that dies meanwhile, at any point,
         is folded in: the new world's roll call names it and the next world is
         formed without it (``Regrid.attempts``).
@@ -233,7 +234,10 @@ class Elastic(GridFacet):
         recovery = Recovery(self, current_epoch(), world, timeout, checked_step, snapshots)
         families = self._family_list()
         known = recovery.known_dead(named)
-        proposal = Proposal(tuple(known), policy, dim, families_digest(families, self._describe()))
+        # A "local" grid's families may differ between groups after a death (each group commits alone): the
+        # survivors keep those all of them hold (`Recovery.held_by_all`), so they are not compared here.
+        compared = [] if self.strategy == "local" else families
+        proposal = Proposal(tuple(known), policy, dim, families_digest(compared, self._describe()))
         regrid: Regrid = self._recover(recovery, proposal, families)
         return regrid
 

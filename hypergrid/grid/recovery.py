@@ -59,7 +59,7 @@ from hypergrid.agreement.world import WORLDS, World, current_watcher
 from hypergrid.binding import alarm
 from hypergrid.binding.failures import communicate
 from hypergrid.binding.reform import Epoch, forget_numbered, forget_worlds, reform_world, retire, tear_down
-from hypergrid.binding.registry import PgKey
+from hypergrid.binding.registry import PgKey, guard_key
 from hypergrid.errors import DesyncError, FencedError, HyperGridError, RankFailure
 from hypergrid.grid.regrid import Phases, Regrid
 from hypergrid.grid.snapshots import MAX_STEP, StepSnapshots, share_step
@@ -282,7 +282,7 @@ class Recovery:
             reform_world(self.epoch, new_rank, size, timeout, excluded, number, self.timeout_s)
             WORLDS.register(World(number, new_rank, size, self.epoch.base_store))
             self.clock.lap("world")
-            successor._recreate(families, self.timeout_s)
+            successor._recreate(self.held_by_all(families, number), self.timeout_s)
             self.clock.lap("families")
             self.agree_step(successor, new_rank, number)
         except (HyperGridError, RuntimeError) as error:  # BarrierFailed too
@@ -294,6 +294,35 @@ class Recovery:
         commit.deadline = time.monotonic() + self.timeout_s
         commit.run()
         self.clock.lap("commit")
+
+    def held_by_all(self, families: Sequence[Family], number: int) -> list[Family]:
+        """The families to re-create in world ``number``: on a ``"local"`` grid, those every member holds.
+
+        Members-only creation commits each group alone: a death while one
+        group was made rolls the family back on that group's members, and the
+        other groups keep it. Such a grid's survivors agree on the dead without
+        comparing families (`families_digest`), and here keep the families all
+        of them hold, in their order: one all-reduce (MAX, the longest list)
+        and one all-gather of a 60-bit hash per family. Any other grid's
+        families were compared already (its failed creations roll back on every rank).
+        """
+        if self.grid.strategy != "local":
+            return list(families)
+        device = default_device()
+        hashes = [
+            int(hashlib.sha1(guard_key(key).encode(), usedforsecurity=False).hexdigest()[:15], 16)
+            for key, _ in families
+        ]
+        longest = torch.tensor([len(hashes)], dtype=torch.int64, device=device)
+        communicate(f"shrink: the families of world {number}", dist.all_reduce, longest, op=dist.ReduceOp.MAX)
+        if not longest.item():
+            return []
+        mine = torch.full((int(longest.item()),), -1, dtype=torch.int64, device=device)
+        mine[: len(hashes)] = torch.tensor(hashes, dtype=torch.int64, device=device)
+        held = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        communicate(f"shrink: the families of world {number}", dist.all_gather, held, mine)
+        common = set.intersection(*(set(each.tolist()) for each in held))
+        return [family for family, value in zip(families, hashes) if value in common]
 
     def agree_step(self, successor: Any, new_rank: int, number: int) -> None:
         """The step world ``number`` resumes from, and (with snapshots) every replica brought to it.
