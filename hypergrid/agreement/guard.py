@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,10 +51,11 @@ from torch.distributed import distributed_c10d as c10d
 from hypergrid.agreement import diagnosis
 from hypergrid.agreement.barrier import Barrier, BarrierFailed
 from hypergrid.agreement.diagnosis import announce_key
+from hypergrid.agreement.listening import ended_by_failure, failed_commit, failed_round, liveness
 from hypergrid.agreement.protocol import Round, grace_s, round_keys
 from hypergrid.agreement.request import CreationRequest, shown_ranks
-from hypergrid.agreement.world import current_watcher
-from hypergrid.binding import alarm
+from hypergrid.binding import alarm, waiting
+from hypergrid.binding.reform import current_epoch
 from hypergrid.binding.worldstate import PerWorld
 from hypergrid.errors import RankFailure
 
@@ -168,13 +169,20 @@ class GuardLedger:
         self.ranks: set[int] = set()  # ranks whose announcement to delete (besides this rank's)
         self.commits: dict[str, tuple[str, Sequence[int]]] = {}  # scope family -> its last commit's prefix, members
         self.dead: set[int] = set()  # ranks known dead (``shrink``): they will not release anything
+        self.ended: list[str] = []  # records of worlds a shrink ended (`liveness.ended_key`), on one rank of the grid
 
     def release(self) -> None:
         """Count this rank out of the recorded rounds, deleting each once its last live participant did so."""
         rounds, self.rounds = self.rounds, {}
         ranks, self.ranks = self.ranks, set()
         commits, self.commits = self.commits, {}
-        if not dist.is_initialized() or dist.get_backend() == "fake" or dist.get_world_size() < 2:
+        ended, self.ended = self.ended, []
+        if not dist.is_initialized() or dist.get_backend() == "fake":
+            return
+        with contextlib.suppress(RuntimeError):  # the record of the world the grid's shrink ended: its keeper is done
+            for key in ended:
+                current_epoch().base_store.delete_key(key)
+        if dist.get_world_size() < 2:
             return
         store = c10d._get_default_store()
         for family_rounds in _leftovers.get().values():
@@ -240,7 +248,15 @@ def agree(
     store = c10d._get_default_store()
     leftovers = _leftovers.get().setdefault(scope.family, [])
     rank = dist.get_rank()
-    verdict = Round(store, scope.prefix, rank, participants, request, timeout_s, progress_s, leftovers).run()
+    probe, _ = liveness(participants)
+    what = f"{request.call()} on grid {request.grid}"
+    rounds = Round(
+        store, scope.prefix, rank, participants, request, timeout_s, progress_s, leftovers, probe, waiting.PROBE_S
+    )
+    with ended_by_failure(lambda side: side.compare_set(f"{scope.prefix}/verdict", "", failed_round(what))):
+        verdict = rounds.run()
+    if verdict.kind == "failure":
+        alarm.check_fence(what)  # a rank the others left behind raises FencedError, the others the verdict
     if verdict.kind != "ok":
         _failures["count"] += 1
         leftovers.append(scope.prefix)
@@ -271,16 +287,6 @@ def roll_call(prefix: str, participants: Sequence[int], deadline: float) -> list
     return [other for other in participants if other not in answered]
 
 
-def _liveness(participants: Sequence[int]) -> tuple[Callable[[], Sequence[int]] | None, Any]:
-    """The world's liveness probe (its watcher's roll call, the participants it found dead) and the
-    connection a probing thread may use; (None, None) where no watcher runs."""
-    watcher = current_watcher()
-    if watcher is None:
-        return None, None
-    members = set(participants)
-    return (lambda: [rank for rank in watcher.probe("a guarded creation waits") if rank in members]), watcher.side
-
-
 @alarm.store_calls("a creation's commit barrier")
 def settle(
     prefix: str, participants: Sequence[int], started: float, timeout_s: float, what: str, ledger: GuardLedger | None
@@ -297,11 +303,12 @@ def settle(
     """
     store: Any = c10d._get_default_store()
     rank = dist.get_rank()
-    probe, side = _liveness(participants)
+    probe, side = liveness(participants)
     deadline = started + timeout_s
     barrier = Barrier(store, prefix, rank, participants, deadline, f"the end of creating {what}", probe, side, True)
     try:
-        barrier.run()
+        with ended_by_failure(lambda side: barrier.fail(side, *failed_commit(f"creating {what}", participants))):
+            barrier.run()
     except BarrierFailed as failed:
         raise creation_failed(None, what, prefix, participants, started, timeout_s, ledger, failed.dead) from None
     _tidy(store, prefix, barrier, participants, ledger)
@@ -354,7 +361,7 @@ def creation_failed(
     if error is not None:
         Barrier(store, prefix, dist.get_rank(), participants, started + timeout_s, what).fail(store, said)
     if dead is None:
-        probe, _ = _liveness(participants)
+        probe, _ = liveness(participants)
         if probe is not None:
             dead = list(probe())
         else:

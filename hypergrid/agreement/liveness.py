@@ -64,6 +64,7 @@ __all__ = [
     "Verdict",
     "bound_s",
     "end_text",
+    "ended_key",
     "incident_prefix",
     "majority",
     "wake_key",
@@ -108,6 +109,21 @@ def left_key(world: int) -> str:
         'hypergrid/live/0/left'
     """
     return f"{PREFIX}/{world}/left"
+
+
+def ended_key(world: int) -> str:
+    """The record that world ``world`` ended, and who was left behind (JSON list): the one key that stays.
+
+    Written by the survivors before the end's call; the end's call is deleted
+    once every survivor read it, the record only by the next shrink's commit or
+    the destroy of the grid the shrink made: a rank stopped through the whole
+    shrink reads it whenever it resumes, and fences itself.
+
+    Examples:
+        >>> ended_key(0)
+        'hypergrid/live/0/ended'
+    """
+    return f"{PREFIX}/{world}/ended"
 
 
 def incident_prefix(world: int, number: int) -> str:

@@ -124,21 +124,27 @@ class Proposal:
         return cls(tuple(dead), policy, dim, families)
 
 
-def wait_for_call(store: Any, epoch: int, slice_s: float = 60.0) -> str:
+def wait_for_call(store: Any, epoch: int, slice_s: float = 60.0, gone: Callable[[], None] | None = None) -> str:
     """Block until the round of ``epoch`` is called; return the call (``shrink ...`` or ``release``).
 
-    One blocking ``wait`` per ``slice_s`` (no polling), then one ``get``.
+    One blocking ``wait`` per ``slice_s`` (no polling), then one read. A
+    wait that returns without the call (a slice ended, or this process was
+    stopped while the call was written and deleted: it resumes now) runs
+    ``gone``, which raises if this rank was left behind (a spare the others
+    declared dead), before the wait goes on.
     """
     key = call_key(epoch)
     while True:
         try:
             store.wait([key], datetime.timedelta(seconds=slice_s))
-            break
         except RuntimeError as error:  # the slice ended; a store that is gone ends the job
             if "timeout" not in str(error).lower() and "timed out" not in str(error).lower():
                 raise
-    data: bytes = store.get(key)
-    return data.decode()
+        data = diagnosis.read(store, key)
+        if data is not None:
+            return data.decode()
+        if gone is not None:
+            gone()
 
 
 class MembershipRound:

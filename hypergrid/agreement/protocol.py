@@ -53,7 +53,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hypergrid.agreement import diagnosis
@@ -128,6 +128,11 @@ class Round:
         timeout_s: how long to wait for the others.
         progress_s: how often to log a progress line while waiting.
         stale: prefixes of earlier rounds (failed) whose keys the decider deletes.
+        liveness: the world's roll call (every rank it found dead so far), where a watcher runs: a waiting
+            participant asks it after ``liveness_s`` (then twice as long, and so on), so a peer stopped or cut off
+            is found as in a collective (its verdict ends the round, `hypergrid.agreement.guard.agree`), and a
+            timeout never names dead a missing rank that it finds alive.
+        liveness_s: when a waiting participant first asks ``liveness``.
     """
 
     def __init__(
@@ -140,6 +145,8 @@ class Round:
         timeout_s: float,
         progress_s: float = 30.0,
         stale: Sequence[str] = (),
+        liveness: Callable[[], Sequence[int]] | None = None,
+        liveness_s: float = 30.0,
     ) -> None:
         self.store = store
         self.prefix = prefix
@@ -150,6 +157,8 @@ class Round:
         self.timeout_s = timeout_s
         self.progress_s = progress_s
         self.stale = tuple(stale)
+        self.liveness = liveness
+        self.liveness_s = liveness_s
         self._count_key = f"{prefix}/count/{request.digest}"
         self._roster_key = f"{prefix}/roster"
         self._verdict_key = f"{prefix}/verdict"
@@ -225,11 +234,13 @@ class Round:
         next_announce = start + probe_after / 2 if progress else float("inf")
         first = self._counted == 1  # the first of each request probes
         next_probe = start + probe_after if first and progress else float("inf")
+        ask_after = self.liveness_s
+        next_ask = start + ask_after if progress and self.liveness is not None else float("inf")
         while True:
             now = time.monotonic()
             if now >= deadline:
                 return None
-            until = min(next_line, next_probe, next_announce, deadline) if progress else deadline
+            until = min(next_line, next_probe, next_announce, next_ask, deadline) if progress else deadline
             try:
                 self.store.wait([self._verdict_key], datetime.timedelta(seconds=max(until - now, 0.001)))
                 data = diagnosis.read(self.store, self._verdict_key)
@@ -244,6 +255,10 @@ class Round:
             if progress and next_probe <= now < deadline:
                 next_probe = float("inf") if next_probe < next_line else next_line + self.progress_s
                 self._probe()
+            if next_ask <= now < deadline and self.liveness is not None:
+                ask_after *= 2
+                next_ask = now + ask_after
+                self.liveness()  # a peer found dead fails the world, whose news ends this round
             if progress and next_line <= now < deadline:
                 self._mark_alive()  # for a roll call, should a participant stop before the verdict
                 self._log_progress(now - start)
@@ -324,9 +339,9 @@ class Round:
         else:
             stuck, _ = self._stuck_verdict()  # out of step, found only now if the first arrival is elsewhere
             if stuck is None:
-                seen_text = diagnosis.last_seen(self.store, self.prefix, missing)
-                stuck = timeout_verdict(self.request, self.size, missing, self.timeout_s, last_seen=seen_text)
-            verdict = self._publish(stuck)
+                verdict = self._timed_out(missing, [], diagnosis.last_seen(self.store, self.prefix, missing))
+            else:
+                verdict = self._publish(stuck)
         if verdict.kind != "ok":
             self.store.delete_key(self._count_key)
         else:
@@ -338,10 +353,29 @@ class Round:
         verdict = self._wait(time.monotonic() + grace_s(self.timeout_s), progress=False)
         if verdict is None:
             alive = diagnosis.alive_of(self.store, self.prefix)
-            silent = [rank for rank in self.participants if rank not in alive]
-            timed_out = timeout_verdict(self.request, self.size, [], self.timeout_s, dead=silent)
-            verdict = self._publish(timed_out)
+            verdict = self._timed_out([], [rank for rank in self.participants if rank not in alive])
         return verdict
+
+    def _timed_out(self, missing: list[int], silent: list[int], last_seen: dict[int, str] | None = None) -> Verdict:
+        """Publish the timeout verdict for ``missing`` (did not come) and ``silent`` (came, then stopped answering).
+
+        Where the world's roll call runs (``liveness``), it is asked first: a
+        rank it finds alive is never named dead; one it finds dead failed the
+        world, whose verdict ends this round (written into it on every rank's
+        behalf): that verdict is awaited (a grace) rather than raced.
+        """
+        answering = None
+        if self.liveness is not None:
+            dead = set(self.liveness())
+            answering = [rank for rank in self.participants if rank not in dead]
+            if dead & ({*missing, *silent}):
+                found = self._wait(time.monotonic() + grace_s(self.timeout_s), progress=False)
+                if found is not None:
+                    return found
+        verdict = timeout_verdict(
+            self.request, self.size, missing, self.timeout_s, dead=silent, last_seen=last_seen, answering=answering
+        )
+        return self._publish(verdict)
 
     def _publish(self, verdict: Verdict) -> Verdict:
         """Write ``verdict`` unless one is there already; return the one in force (``verdict`` itself if it won)."""

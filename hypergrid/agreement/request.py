@@ -13,13 +13,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from hypergrid.errors import DesyncError, GuardTimeoutError, OutOfStepError
+from hypergrid.errors import DesyncError, GuardTimeoutError, OutOfStepError, RankFailure
 
 __all__ = [
     "CreationRequest",
     "RECOVERY",
     "Verdict",
     "differences",
+    "failure_verdict",
     "foreign_verdict",
     "mismatch_verdict",
     "timeout_verdict",
@@ -186,8 +187,9 @@ class Verdict:
     """The outcome of a guard round, the same on every participant.
 
     ``kind`` is ``ok``, ``mismatch`` (same point, different requests),
-    ``outofstep`` (ranks at different points of a grid's creation sequence) or
-    ``timeout`` (some participants never arrived, or stopped before deciding).
+    ``outofstep`` (ranks at different points of a grid's creation sequence),
+    ``timeout`` (some participants never arrived, or stopped before deciding)
+    or ``failure`` (the world failed meanwhile: its roll call named the dead).
     ``about`` holds the digests of the requests it was decided on: a rank that
     reads it with another request of its own is out of step instead.
     """
@@ -214,7 +216,10 @@ class Verdict:
             DesyncError: the participants asked for different things.
             OutOfStepError: (a ``DesyncError``) participants are at different creations.
             GuardTimeoutError: (a ``RankFailure``) some participants did not arrive or stopped in time.
+            RankFailure: the world failed during the round.
         """
+        if self.kind == "failure":
+            raise RankFailure(self.message, _expand(self.dead))
         requests = {text: _expand(runs) for text, runs in self.requests.items()}
         if self.kind == "mismatch":
             raise DesyncError(self.message, requests=requests, epoch=self.epoch)
@@ -235,6 +240,17 @@ RECOVERY = (
 )
 
 
+def failure_verdict(message: str, dead: Iterable[int]) -> Verdict:
+    """The verdict of a round that the world's failure ended (``dead``: the ranks its roll call found dead).
+
+    Examples:
+        >>> verdict = failure_verdict("creating 'dp' failed: rank 3 stopped answering", [3])
+        >>> Verdict.decode(verdict.encode().encode()) == verdict, verdict.dead
+        (True, [[3, 3]])
+    """
+    return Verdict("failure", message, dead=_runs(sorted(dead))[:_STORED_RUNS])
+
+
 def timeout_verdict(
     request: CreationRequest,
     participants: int,
@@ -242,11 +258,14 @@ def timeout_verdict(
     timeout_s: float,
     dead: Iterable[int] = (),
     last_seen: dict[int, str] | None = None,
+    answering: Iterable[int] | None = None,
 ) -> Verdict:
     """The verdict when ``missing`` did not arrive within ``timeout_s`` (quoted exactly).
 
     ``dead``: participants that arrived but answered no roll call afterwards;
-    ``last_seen``: for some missing ranks, the last creation they took part in.
+    ``last_seen``: for some missing ranks, the last creation they took part in;
+    ``answering``: where the world's roll call ran, the ranks it did not find
+    dead (their watchers answer: alive, elsewhere): they are never named dead.
     """
     what = f"{request.call()} on grid {request.grid}"
     dead = sorted(dead)
@@ -269,7 +288,10 @@ def timeout_verdict(
             f"all {participants} ranks that must create {what} arrived, but no verdict came within "
             f"{timeout_s:g} s: the rank that arrived last stopped before deciding (dead or hung)"
         )
-    unreachable = sorted(set(missing) | set(dead))
+    unreachable = sorted((set(missing) | set(dead)) - set(answering or ()))
+    alive = sorted(set(missing) & set(answering or ()))
+    if alive:
+        message += f"; rank(s) {shown_ranks(alive)} still answer the world's roll call (alive, busy elsewhere)"
     return Verdict(
         "timeout",
         message,

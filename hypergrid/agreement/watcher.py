@@ -33,6 +33,8 @@ backend other than torch's ``fake``, a store that can open a second connection
 from __future__ import annotations
 
 import contextlib
+import datetime
+import json
 import logging
 import os
 import threading
@@ -41,7 +43,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hypergrid.agreement import diagnosis
-from hypergrid.agreement.liveness import END, PROBE, Incident, Verdict, bound_s, end_text, incident_prefix, wake_key
+from hypergrid.agreement.liveness import (
+    END,
+    FAILURE,
+    PROBE,
+    Incident,
+    Verdict,
+    bound_s,
+    end_text,
+    ended_key,
+    incident_prefix,
+    wake_key,
+)
 from hypergrid.binding import alarm
 
 __all__ = ["Verdict", "Watcher", "watching_enabled"]
@@ -148,9 +161,15 @@ class Watcher:
         of the incident every live watcher waits on, after any probe still
         open there: each reads it and stops, the last deletes it; a rank that
         ``dead`` names (alive, but excluded) fences itself. Every survivor may
-        call it: the first write counts.
+        call it: the first write counts. Before it, the world's record of its
+        end (`hypergrid.agreement.liveness.ended_key`), which stays: a rank it
+        names that was stopped meanwhile reads it whenever it resumes
+        (`excluded`).
         """
         text = end_text(dead, size, self.rank)
+        if dead:  # written before the end: a rank it names finds it even once the end's call is deleted
+            with contextlib.suppress(RuntimeError):
+                self.side.compare_set(ended_key(self.world), "", json.dumps(sorted(dead)))
         while True:
             with self._changed:
                 if self.stopped or self.fenced:
@@ -185,6 +204,7 @@ class Watcher:
 
     def _run(self) -> None:
         wake = wake_key(self.world, self.rank)
+        woken = False
         try:
             while not self.stopped:
                 prefix = incident_prefix(self.world, self.number)
@@ -192,7 +212,11 @@ class Watcher:
                 # wake key again, so none is missed (a wake with no call, e.g. a second caller's, loops once).
                 self.store.delete_key(wake)
                 if not self.store.check([f"{prefix}/call"]):
-                    diagnosis.wait_for(self.store, wake, time.monotonic() + self.slice_s)
+                    # Woken without a call: a late wake, or the world ended while this rank was stopped (the
+                    # others read the call and deleted it, with this rank's wake key): its record says which.
+                    if woken and self._left_behind(self.store):
+                        break
+                    woken = self._sleep(wake)
                     continue
                 if self.stopped:
                     break
@@ -205,6 +229,53 @@ class Watcher:
                 LOGGER.debug("hypergrid watcher of world %s rank %s stops: %s", self.world, self.rank, error)
                 if alarm.is_store_loss(error):  # every grid wait of this rank ends with StoreLostError
                     alarm.lose_store(error)
+
+    def _sleep(self, wake: str) -> bool:
+        """One blocking wait on the wake key (it returns when the key is written, or as the process resumes)."""
+        try:
+            self.store.wait([wake], datetime.timedelta(seconds=self.slice_s))
+        except RuntimeError as error:  # the slice ended (DistStoreError); a lost store ends the thread
+            if alarm.is_store_loss(error):
+                raise
+        return True
+
+    def _left_behind(self, store: Any) -> bool:
+        """Whether the world's end names this rank (`ended_key`): it fences it then. One read."""
+        data = diagnosis.read(store, ended_key(self.world))
+        if data is None or self.rank not in json.loads(data):
+            return False
+        self._fence(f"world {self.world} ended without this rank (the others shrank while it was stopped or cut off)")
+        return True
+
+    def excluded(self) -> bool:
+        """Whether the others ended this world without this rank (it is fenced then); one store read.
+
+        What `hypergrid.binding.alarm` asks once the world failed, before it
+        raises ``RankFailure``: a rank stopped through the others' whole shrink
+        gets ``FencedError`` on its first call after it resumes.
+        """
+        if self.fenced:
+            return True
+        return self._left_behind(self.side)
+
+    def depart(self, text: str) -> None:
+        """This rank's process ends on an error: stop answering, then call a roll call that finds it gone.
+
+        The others' waits end at once with ``RankFailure`` naming this rank
+        (its watcher no longer answers), instead of waiting for a rank that
+        left without saying so (a worker that raised under ``hypergrid.run``).
+        """
+        with self._changed:
+            if self.stopped or self.fenced:
+                return
+            self.stopped = True
+            number = self.number
+            called = self._answered < number
+        if called:
+            with contextlib.suppress(RuntimeError):  # the store is gone already
+                Incident(self.side, incident_prefix(self.world, number), self.rank, ()).call(
+                    FAILURE, f"rank {self.rank} exited on an error: {text}", self.expected
+                )
 
     def _handle(self, prefix: str) -> bool:
         """Answer one incident and act on its verdict; False once this rank is out (fenced) or the world ended."""
@@ -250,10 +321,10 @@ class Watcher:
         return True
 
     def _fence(self, reason: str) -> None:
+        self.on_fence(reason)  # first: a thread that sees ``fenced`` finds the rank fenced already
         with self._changed:
             self.fenced = True
             self._changed.notify_all()
-        self.on_fence(reason)
 
     # -- reporting ----------------------------------------------------------------
 
@@ -265,8 +336,11 @@ class Watcher:
         failed nothing calls the next one. The verdict's ``dead`` holds every
         rank of the world found dead up to it. None when no verdict came in
         time (the watcher stopped, or this rank was fenced:
-        `hypergrid.binding.alarm` says which).
+        `hypergrid.binding.alarm` says which). A world that ended without
+        this rank is never called again: the rank is fenced instead.
         """
+        if self.fenced or self.stopped or self._left_behind(self.side):
+            return None
         while True:
             with self._changed:
                 if self.fenced or self.stopped:

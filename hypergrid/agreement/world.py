@@ -42,6 +42,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import sys
 import threading
 import weakref
 from typing import Any
@@ -90,6 +91,22 @@ class CallStore:
         return getattr(self.connection(), name)
 
 
+class Within:
+    """`CallStore`'s connections seen under a key prefix (the default group's store of a re-formed world).
+
+    ``namespace`` None: the connections as they are.
+    """
+
+    def __init__(self, calls: CallStore, namespace: str | None) -> None:
+        self.calls = calls
+        self.namespace = namespace
+
+    def __getattr__(self, name: str) -> Any:
+        connection = self.calls.connection()
+        store = connection if self.namespace is None else dist.PrefixStore(self.namespace, connection)  # type: ignore[attr-defined]
+        return getattr(store, name)
+
+
 class World:
     """This rank's part in one world: its watcher, the watcher's connection, and `close`.
 
@@ -99,14 +116,21 @@ class World:
         size: the world's size.
         base_store: the store of the job's first world (every epoch's keys live there).
         link: a connection to ``base_store`` for the watcher, handed over from the previous world.
+        namespace: where the world's default group keeps its keys in ``base_store`` (None: at its root;
+            `hypergrid.binding.reform.Epoch.namespace`).
     """
 
-    def __init__(self, number: int, rank: int, size: int, base_store: Any, link: Any = None) -> None:
+    def __init__(
+        self, number: int, rank: int, size: int, base_store: Any, link: Any = None, namespace: str | None = None
+    ) -> None:
         self.number = number
         self.rank = rank
         self.size = size
         self.base_store = base_store
         self.calls = CallStore(base_store)
+        #: The default group's store (torch's ``_get_default_store()``) for a thread other than the main one: what
+        #: ends a guard round's or a commit's wait is written through it while the main thread blocks there.
+        self.default_calls = Within(self.calls, namespace)
         self.watcher: Watcher | None = None
         self.closed = False
         self.reforming = False  # set by shrink: the default group's teardown does not close this world
@@ -140,14 +164,21 @@ class World:
         else:
             previous.close(leave=False)
 
-    def close(self, leave: bool = True) -> None:
-        """End this rank's part: say it left normally (``leave``), wake the watcher alone and join it. Idempotent."""
+    def close(self, leave: bool = True, error: str | None = None) -> None:
+        """End this rank's part: say it left normally (``leave``), wake the watcher alone and join it. Idempotent.
+
+        ``error``: the process ends on this uncaught error: it did not leave normally, and the others are told at
+        once (`Watcher.depart`: their roll call finds this rank gone).
+        """
         if self.closed:
             return
         self.closed = True
         watcher = self.watcher
         if watcher is not None:
-            if leave:
+            if error is not None:
+                watcher.depart(error)
+                watcher.join(JOIN_S)  # the call woke it: it ends on its own
+            elif leave:
                 watcher.leave()
             watcher.stop()
             if not watcher.join(0.0):
@@ -182,7 +213,9 @@ class Worlds:
             if found is not None:
                 return found
             epoch = current_epoch()
-            world = World(epoch.number, dist.get_rank(), dist.get_world_size(), epoch.base_store)
+            world = World(
+                epoch.number, dist.get_rank(), dist.get_world_size(), epoch.base_store, namespace=epoch.namespace
+            )
             if dist.get_backend() != "fake":
                 world.start_watching()
             self.adopt(world)
@@ -192,7 +225,10 @@ class Worlds:
         """Make ``world`` the current default group's (its watcher answers, sounds the alarm, fences the rank)."""
         self.register(world)
         watcher = world.watcher
-        alarm.install(None if watcher is None else watcher.alarm_reporter)
+        if watcher is None:
+            alarm.install(None)
+        else:
+            alarm.install(watcher.alarm_reporter, watcher.excluded)
         if watcher is not None:
             watcher.on_failure(_world_failed)
 
@@ -228,9 +264,19 @@ class Worlds:
         """
         with self._lock:
             worlds, self._live = list(self._live.values()), {}
+        error = _uncaught()
         for world in worlds:
-            world.close()
+            world.close(error=error)
         gc.collect()
+
+
+def _uncaught() -> str | None:
+    """The error the interpreter exits on (an uncaught exception: ``sys.last_value``), as one line; else None."""
+    error = getattr(sys, "last_value", None)
+    if not isinstance(error, BaseException) or isinstance(error, (SystemExit, KeyboardInterrupt)):
+        return None
+    said = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {said[0]}" if said else type(error).__name__
 
 
 #: The registry of worlds on this rank (the one module-level mutable state of the failure machinery).

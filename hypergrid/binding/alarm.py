@@ -1,10 +1,9 @@
 """What this rank knows of failures in its world: the alarm that ends every grid wait at once.
 
-The grid's communication calls wait here (`wait`): until the torch work
-completes, or until this rank learns that its world failed, whichever comes
-first. A wait that lasts `PROBE_S` (then twice as long, and so on) asks for
-a roll call: a peer that is stopped or cut off, which no connection error
-reveals, is found then rather than at the group's timeout. The news comes from this rank's watcher
+The grid's communication calls wait on what this module knows
+(`hypergrid.binding.waiting`): until the torch work completes, or until
+this rank learns that its world failed, whichever comes first; a wait that
+lasts asks for a roll call (`probe`). The news comes from this rank's watcher
 (`hypergrid.agreement.watcher`): one thread per rank, blocked on one store key,
 which runs the roll call when another rank reports a failure and then calls
 `sound` with the ranks that did not answer. Every wait of the grid then ends
@@ -23,6 +22,14 @@ The job's store dying (the process hosting it, rank 0 under a plain
 ``StoreLostError`` carrying torch's error, whether the watcher's thread met
 the loss or a store call of the main thread did (`store_calls`).
 
+Waits that are not torch works listen too (`listening`): a guard round, a
+commit barrier, registers what ends its wait (a verdict written into the key
+it blocks on), and the alarm runs it when the world fails. Once the
+world failed, every check first asks whether the others ended it without this
+rank (``excluded``, installed with the reporter): a rank stopped through the
+others' whole shrink learns it on its first call after it resumes, and raises
+``FencedError``.
+
 The layer below the watcher: ops and the grid import this module, the
 watcher installs itself here (`install`), so nothing imports upward.
 """
@@ -30,7 +37,6 @@ watcher installs itself here (`install`), so nothing imports upward.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -42,7 +48,6 @@ from hypergrid.values import format_ranks
 
 __all__ = [
     "News",
-    "abandoned",
     "check",
     "check_fence",
     "failure",
@@ -50,12 +55,16 @@ __all__ = [
     "fenced",
     "install",
     "is_store_loss",
+    "listening",
     "lose_store",
     "news",
+    "pending",
+    "probe",
     "sound",
     "store_calls",
     "store_lost",
-    "wait",
+    "waking",
+    "watched",
 ]
 
 #: ``report(kind, text)``: call a roll call of the whole world, ``"failure"`` (this rank saw one) or
@@ -63,9 +72,9 @@ __all__ = [
 #: time). Installed by the watcher of the current world.
 Reporter = Callable[[str, str], "Sequence[int] | None"]
 
-#: How long a grid wait lasts before this rank asks for a roll call (``HYPERGRID_PROBE_S``, default 30 s);
-#: the next after twice as long, and so on. A stopped or cut-off peer is found then, not at the group timeout.
-PROBE_S = float(os.environ.get("HYPERGRID_PROBE_S", "30"))
+#: ``excluded()``: whether the others ended the current world without this rank (read from the store; the
+#: rank is fenced when so). Installed by the watcher with the reporter; asked only once the world failed.
+Excluded = Callable[[], bool]
 
 
 @dataclass(frozen=True)
@@ -89,16 +98,17 @@ class _Alarm:
         with self.lock:
             data = self.world.get()
             if not data:
-                data.update(news=None, waiters=set(), reporter=None)
+                data.update(news=None, waiters=set(), listeners=[], reporter=None, excluded=None)
             return data
 
 
 _alarm = _Alarm()
 
 
-def install(reporter: Reporter | None) -> None:
-    """Set (or clear, with None) the current world's reporter: the watcher does, when it starts."""
-    _alarm.state()["reporter"] = reporter
+def install(reporter: Reporter | None, excluded: Excluded | None = None) -> None:
+    """Set (or clear, with None) the current world's reporter and exclusion check: the watcher does, when it starts."""
+    data = _alarm.state()
+    data["reporter"], data["excluded"] = reporter, excluded
 
 
 def news() -> News | None:
@@ -119,8 +129,66 @@ def sound(dead: Sequence[int], reason: str) -> None:
         if data["news"] is None:
             data["news"] = News(tuple(sorted(dead)), reason)
         waiters = list(data["waiters"])
+        listeners = list(data["listeners"])
     for event in waiters:
         event.set()
+    for listener in listeners:
+        with contextlib.suppress(RuntimeError):  # the store is gone: its waits end with the loss
+            listener()
+
+
+@contextlib.contextmanager
+def listening(on_news: Callable[[], object]) -> Iterator[None]:
+    """While inside, run ``on_news()`` when the current world fails (at once if it already has).
+
+    For a wait that blocks on a store key: ``on_news`` writes into that key
+    what ends the wait (a failure verdict, with ``compare_set``: the first
+    outcome written stands), through a connection of its own (it runs on the
+    thread that heard the news, usually the watcher's). It may run more than
+    once (a fence after the failure), and must not raise but a store's error.
+
+    Examples:
+        >>> with listening(lambda: None):
+        ...     pass
+    """
+    data = _alarm.state()
+    with _alarm.lock:
+        data["listeners"].append(on_news)
+        sounded = data["news"] is not None
+    try:
+        if sounded:
+            with contextlib.suppress(RuntimeError):
+                on_news()
+        yield
+    finally:
+        with _alarm.lock:
+            data["listeners"][:] = [listener for listener in data["listeners"] if listener is not on_news]
+
+
+@contextlib.contextmanager
+def waking(event: threading.Event) -> Iterator[None]:
+    """While inside, the world's failure sets ``event`` (a thread that waits on it wakes at once)."""
+    data = _alarm.state()
+    with _alarm.lock:
+        data["waiters"].add(event)
+    try:
+        yield
+    finally:
+        with _alarm.lock:
+            data["waiters"].discard(event)
+
+
+def watched() -> bool:
+    """Whether a watcher reports for the current world (else waits are plain: a world of one, the fake backend)."""
+    return _alarm.state()["reporter"] is not None
+
+
+def probe(what: str, text: str) -> None:
+    """A wait of ``what`` lasts: ask for a roll call (a peer found gone sounds the alarm); nothing without a watcher."""
+    reporter: Reporter | None = _alarm.state()["reporter"]
+    if reporter is not None:
+        with store_calls(what):
+            reporter("probe", text)
 
 
 def fence(reason: str) -> None:
@@ -139,9 +207,24 @@ def _fenced_error(what: str) -> FencedError:
 
 
 def check_fence(what: str) -> None:
-    """Raise ``FencedError`` on a fenced rank; else nothing (failure news does not count here)."""
+    """Raise ``FencedError`` on a fenced rank (or one the others left behind); else nothing (news does not count)."""
+    _confirm(what)
     if _alarm.fence is not None:
         raise _fenced_error(what)
+
+
+def _confirm(what: str) -> None:
+    """The world failed: ask whether the others ended it without this rank (which fences it); else nothing.
+
+    One store read, on failure paths only: a rank stopped (or cut off)
+    through the others' whole shrink learns here, on its first call, that it
+    was left behind, whatever its watcher has read by then.
+    """
+    data = _alarm.state()
+    excluded: Excluded | None = data["excluded"]
+    if excluded is not None and data["news"] is not None and _alarm.fence is None and _alarm.store_lost is None:
+        with store_calls(what):
+            excluded()
 
 
 def is_store_loss(error: BaseException) -> bool:
@@ -207,11 +290,30 @@ def check(what: str) -> None:
     lost = store_lost(what)
     if lost is not None:
         raise lost
+    if _alarm.fence is None and news() is None:
+        return  # the healthy path: no store call
+    _confirm(what)
     if _alarm.fence is not None:
         raise _fenced_error(what)
     found = news()
     if found is not None:
         raise _failure_of(what, found)
+
+
+def pending(what: str) -> HyperGridError | None:
+    """The error `check` would raise for ``what`` now (no store call), or None.
+
+    Examples:
+        >>> pending("a wait") is None or True
+        True
+    """
+    lost = store_lost(what)
+    if lost is not None:
+        return lost
+    if _alarm.fence is not None:
+        return _fenced_error(what)
+    found = news()
+    return None if found is None else _failure_of(what, found)
 
 
 def _failure_of(what: str, found: News) -> RankFailure:
@@ -239,70 +341,15 @@ def failure(what: str, said: str, dead: Sequence[int] = ()) -> HyperGridError:
             return gone
         if found is not None:
             sound(found, f"{what}: {said}")
-    lost = store_lost(what)
-    if lost is not None:
-        return lost
-    if _alarm.fence is not None:
-        return _fenced_error(what)
-    known = news()
+    try:
+        _confirm(what)
+    except StoreLostError as gone:
+        return gone
+    known = pending(what)
     if known is not None:
-        return _failure_of(what, known)
+        return known
     return RankFailure(
         f"{what} failed: a peer is gone ({said}); catch RankFailure and call grid.shrink() on every survivor to "
         "carry on",
         list(dead),
     )
-
-
-def wait(work: Any, what: str, stream: bool = False) -> None:
-    """Wait for torch's ``work``; return early with ``RankFailure`` if the world fails meanwhile.
-
-    Without a watcher (a world of one, the fake backend) it is ``work.wait()``.
-    With ``stream=True`` (tensors on an accelerator: NCCL) it is ``work.wait()``
-    between two checks too: there ``wait`` only orders the current stream after
-    the collective and never blocks the host, so waiting on the host for the
-    work's future would stall every step; a failed world is ended by aborting
-    its communicators instead (`hypergrid.binding.failures.abort_world_groups`).
-    torch's error, if the work failed, propagates as torch raised it.
-    """
-    check(what)
-    data = _alarm.state()
-    if data["reporter"] is None or stream:
-        work.wait()
-        check(what)
-        return
-    try:
-        future = work.get_future()
-    except RuntimeError:  # a work without a future (some point-to-point works): a plain wait
-        work.wait()
-        return
-    event = threading.Event()
-    with _alarm.lock:
-        data["waiters"].add(event)
-    try:
-        future.add_done_callback(lambda _: event.set())
-        waited, probe_after = 0.0, PROBE_S
-        while data["news"] is None and _alarm.fence is None and not event.wait(probe_after):
-            waited += probe_after
-            reporter = data["reporter"]
-            if reporter is not None:  # this wait lasts: is a peer gone (stopped, cut off)? The answer ends it if so
-                with store_calls(what):
-                    reporter("probe", f"{what} waited {waited:g} s")
-            probe_after *= 2
-    finally:
-        with _alarm.lock:
-            data["waiters"].discard(event)
-    if not future.done():
-        _abandoned.append(work)  # torch still runs it: its group must outlive it (binding.failures.abort_groups)
-        check(what)
-    work.wait()
-
-
-#: Works a wait gave up on (the world failed first): torch's threads still run them.
-_abandoned: list[Any] = []
-
-
-def abandoned() -> list[Any]:
-    """The works still running that a grid wait gave up on (completed ones are dropped here)."""
-    _abandoned[:] = [work for work in _abandoned if not work.is_completed()]
-    return list(_abandoned)

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from hypergrid.binding import alarm
+from hypergrid.binding import alarm, waiting
 from hypergrid.errors import HyperGridError
 from hypergrid.launch import sockets
 
@@ -123,16 +123,21 @@ def wait_work(work: Any, what: str, stream: bool = False) -> None:
     The wait ends as soon as the work completes or this rank learns that the
     world failed (`hypergrid.binding.alarm`), whichever comes first; torch's
     error, where there is one, is kept as ``__cause__``. ``stream=True`` (the
-    work's tensors are on an accelerator) never blocks the host (`alarm.wait`).
+    work's tensors are on an accelerator) never blocks the host (`hypergrid.binding.waiting.wait`).
     """
     with peer_failures(what):
-        alarm.wait(work, what, stream)
+        waiting.wait(work, what, stream)
 
 
 def wait_works(works: Iterable[Any], what: str) -> None:
-    """`wait_work` for each of ``works`` (a batch of point-to-point requests, say)."""
-    for work in works:
-        wait_work(work, what)
+    """`wait_work` for all of ``works`` (a batch of point-to-point requests, say), in one wait.
+
+    gloo's point-to-point works have no future: one thread waits for them
+    while this one listens (`hypergrid.binding.waiting.wait_all`), so a peer
+    stopped in the middle of a transfer is probed and found as in a collective.
+    """
+    with peer_failures(what):
+        waiting.wait_all(list(works), what)
 
 
 class Watched:
@@ -226,7 +231,7 @@ def abort_groups(groups: Iterable[Any]) -> None:
             dist.destroy_process_group(group)
         if not severed:
             _graveyard.append(group)
-    if not alarm.abandoned():
+    if not waiting.abandoned():
         _graveyard.clear()
 
 

@@ -51,10 +51,17 @@ __all__ = [
 
 @dataclass
 class Epoch:
-    """The current world's number and the store every epoch's world is made on."""
+    """The current world's number and the store every epoch's world is made on.
+
+    ``namespace``: where the world's default group keeps its keys in
+    ``base_store`` (torch's ``_get_default_store()`` is ``base_store`` under
+    this prefix), None where it is ``base_store`` itself (the job's first
+    world, or one shrunk in place).
+    """
 
     number: int
     base_store: Any
+    namespace: str | None = None
 
 
 _ours: dict[str, Any] = {"world": None, "epoch": None, "backend": "gloo", "timeout": datetime.timedelta(minutes=30)}
@@ -129,6 +136,7 @@ def reform_world(
     backend = dist.get_backend() if dist.is_initialized() else _ours["backend"]
     timeout = timeout or (_default_timeout() if dist.is_initialized() else _ours["timeout"])
     number = epoch.number + 1 if number is None else number
+    namespace = epoch.namespace
     if excluded and dist.is_initialized() and can_shrink():
         dist.shrink_group(sorted(excluded), shrink_flags=c10d.SHRINK_ABORT)
     else:
@@ -138,12 +146,15 @@ def reform_world(
         before = sockets.snapshot()
         dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=bounded)
         sockets.track(dist.group.WORLD, sockets.opened(before))
+        # torch keeps the group's keys under "<group name>/" in the store it is given (torch 2.4 to 2.13)
+        world: Any = dist.group.WORLD
+        namespace = f"{world_prefix(number)}/{c10d._world.pg_names[world]}/"
         if bounded != timeout:
             c10d._set_pg_timeout(timeout, dist.group.WORLD)
     for name, value in (("RANK", rank), ("WORLD_SIZE", size)):
         if name in os.environ:
             os.environ[name] = str(value)
-    new = Epoch(number, epoch.base_store)
+    new = Epoch(number, epoch.base_store, namespace)
     _ours["world"], _ours["epoch"] = weakref.ref(dist.group.WORLD), new
     return new
 

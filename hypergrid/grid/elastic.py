@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from hypergrid.agreement.guard import grid_ordinal
 from hypergrid.agreement.membership import Proposal, call_key, release_key, wait_for_call
-from hypergrid.agreement.world import ensure_watching
+from hypergrid.agreement.world import current_watcher, ensure_watching
 from hypergrid.binding import alarm
 from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import abort_groups
@@ -66,6 +66,14 @@ def _parse(key: PgKey) -> tuple[str | None, tuple[str, ...], str | None, str | N
         view, names = family[0], tuple(family[1])
     last, _, half = names[-1].partition(SCOPE_SEPARATOR)
     return view, (*names[:-1], last), tag, half.partition("=")[0] or None
+
+
+def _left_behind() -> None:
+    """A spare's wait woke without a call: ``FencedError`` if the others went on without it (it was stopped)."""
+    watcher = current_watcher()
+    if watcher is not None:
+        watcher.excluded()
+    alarm.check_fence("standby")
 
 
 class Elastic(GridFacet):
@@ -346,7 +354,7 @@ class Elastic(GridFacet):
                     f"world of {world}); only spares wait"
                 )
             epoch = current_epoch()
-            call = wait_for_call(epoch.base_store, epoch.number)
+            call = wait_for_call(epoch.base_store, epoch.number, gone=_left_behind)
             if not call.startswith(_SHRINK):
                 if epoch.base_store.add(release_key(epoch.number), 1) == grid.spares:
                     epoch.base_store.delete_key(release_key(epoch.number))

@@ -52,13 +52,21 @@ from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.agreement.barrier import Barrier, BarrierFailed
 from hypergrid.agreement.diagnosis import announce_key
-from hypergrid.agreement.liveness import FAILURE
+from hypergrid.agreement.liveness import FAILURE, ended_key
 from hypergrid.agreement.liveness import PREFIX as LIVE_PREFIX
 from hypergrid.agreement.membership import MembershipRound, Proposal, round_prefix
 from hypergrid.agreement.world import WORLDS, World, current_watcher
 from hypergrid.binding import alarm
 from hypergrid.binding.failures import communicate
-from hypergrid.binding.reform import Epoch, forget_numbered, forget_worlds, reform_world, retire, tear_down
+from hypergrid.binding.reform import (
+    Epoch,
+    current_epoch,
+    forget_numbered,
+    forget_worlds,
+    reform_world,
+    retire,
+    tear_down,
+)
 from hypergrid.binding.registry import PgKey, guard_key
 from hypergrid.errors import DesyncError, FencedError, HyperGridError, RankFailure
 from hypergrid.grid.regrid import Phases, Regrid
@@ -209,8 +217,10 @@ class Recovery:
                 # some after they had read it and left) can land after its watcher ended
                 forget_numbered(self.epoch.base_store, LIVE_PREFIX, self.epoch.number - 1)
             if old is not None:
-                old.end_world(plan.dead, self.world)
+                old.end_world(plan.dead, self.world)  # and its record, for a rank left behind that resumes later
                 old.join(self.timeout_s)
+                if plan.dead and plan.old_to_new[self.rank] == 0:  # the record goes with the new grid (or next shrink)
+                    successor._guard_ledger.ended.append(ended_key(self.epoch.number))
             self._watch(world, number, plan.old_to_new[self.rank], len(plan.order))
             if self._mixed:
                 raise DesyncError(
@@ -240,7 +250,8 @@ class Recovery:
 
     def _watch(self, old: World | None, number: int, rank: int, size: int) -> None:
         """Adopt the new world ``number``: its watcher on the old world's connection (or a new one without it)."""
-        world = WORLDS.current() or World(number, rank, size, self.epoch.base_store)
+        base = self.epoch.base_store
+        world = WORLDS.current() or World(number, rank, size, base, namespace=current_epoch().namespace)
         if old is not None:
             world.take_over(old)
         world.start_watching()
@@ -279,8 +290,8 @@ class Recovery:
             timeout = self.grid.group_options.get("timeout")
             # Until the commit passes, the attempt asks the old world's roll call (its watcher answers on); the new
             # world's watcher starts on the old one's connection once the old world ended (`_watch`).
-            reform_world(self.epoch, new_rank, size, timeout, excluded, number, self.timeout_s)
-            WORLDS.register(World(number, new_rank, size, self.epoch.base_store))
+            formed = reform_world(self.epoch, new_rank, size, timeout, excluded, number, self.timeout_s)
+            WORLDS.register(World(number, new_rank, size, self.epoch.base_store, namespace=formed.namespace))
             self.clock.lap("world")
             successor._recreate(self.held_by_all(families, number), self.timeout_s)
             self.clock.lap("families")

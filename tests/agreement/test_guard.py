@@ -74,8 +74,13 @@ def test_a_dead_or_absent_rank_is_named_within_the_timeout(how: str) -> None:
         assert isinstance(results[3], WorkerDeath) and results[3].exitcode != 0
     for rank in range(3):
         text = results[rank]
-        assert text.startswith("GuardTimeoutError: rank(s) 3 of the 4 ranks that must create create_pg('dp')"), text
-        assert "did not arrive within 5 s" in text  # the configured timeout, quoted exactly
+        if how == "kill":  # the world's roll call (asked at the timeout) finds it dead: the world's failure
+            assert text.startswith("RankFailure: create_pg('dp') on grid "), text
+            assert "failed: rank(s) 3 stopped answering" in text, text
+        else:  # alive (its watcher answers): missing, never named dead
+            assert text.startswith("GuardTimeoutError: rank(s) 3 of the 4 ranks that must create create_pg('dp')"), text
+            assert "did not arrive within 5 s" in text  # the configured timeout, quoted exactly
+            assert "rank(s) 3 still answer the world's roll call" in text, text
         seconds = float(re.search(r"after ([0-9.]+) s$", text).group(1))  # type: ignore[union-attr]
         assert seconds < 5.0 + 5.0  # within the timeout (plus a margin for a loaded host)
 

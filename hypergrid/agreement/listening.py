@@ -1,0 +1,81 @@
+"""The world's failure ends the agreement's store waits: a guard round's, a creation commit's.
+
+A guard round (`hypergrid.agreement.protocol.Round`) and a creation's commit
+(`hypergrid.agreement.barrier.Barrier`) block on one store key, their
+outcome. While a rank waits there, the alarm (`hypergrid.binding.alarm`)
+holds what ends the wait (`ended_by_failure`): once the world's roll call
+settles a failure, the rank's watcher writes a failure outcome into that key
+(``compare_set``: the first outcome written stands, so every participant
+reads the same one), through the default group's store as a thread other
+than the main one may use it (`hypergrid.agreement.world.World.default_calls`).
+Every participant then raises ``RankFailure`` naming the dead, within about a
+second of the verdict instead of at the guard's timeout.
+
+`liveness` is the world's roll call as these waits ask it: a waiting
+participant probes it (a peer stopped or cut off is found as in a
+collective), and a round that times out names dead only the ranks it finds
+dead, never a missing rank whose watcher answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch.distributed as dist
+
+from hypergrid.agreement.request import failure_verdict
+from hypergrid.agreement.world import current_world
+from hypergrid.binding import alarm
+from hypergrid.errors import FencedError
+
+__all__ = ["ended_by_failure", "failed_commit", "failed_round", "liveness"]
+
+
+def liveness(participants: Sequence[int]) -> tuple[Callable[[], Sequence[int]] | None, Any]:
+    """The world's liveness probe (its watcher's roll call: the participants found dead so far) and the default
+    group's store as a probing thread may use it; (None, None) where no watcher runs."""
+    world = current_world()
+    watcher = None if world is None else world.watcher
+    if world is None or watcher is None:
+        return None, None
+    members = set(participants)
+    probe = lambda: [rank for rank in watcher.probe("a guarded creation waits") if rank in members]  # noqa: E731
+    return probe, world.default_calls
+
+
+def ended_by_failure(end: Callable[[Any], object]) -> contextlib.AbstractContextManager[None]:
+    """While inside, the world's failure runs ``end(store)``: it writes the failure into the key the wait blocks on.
+
+    ``store``: the default group's store for the thread that heard the news
+    (the main thread's connection is blocked in the wait). Nothing where no
+    watcher runs (a world of one, the fake backend).
+    """
+    world = current_world()
+    if world is None or world.watcher is None:
+        return contextlib.nullcontext()
+    store = world.default_calls
+    return alarm.listening(lambda: end(store))
+
+
+def failed_round(what: str) -> str:
+    """The encoded failure verdict of a guard round that the world's failure ended (the dead its roll call named).
+
+    On a rank the others left behind, the round fails without it: the verdict names it.
+    """
+    error = alarm.pending(what)
+    if isinstance(error, FencedError):
+        rank = dist.get_rank()
+        return failure_verdict(f"{what} failed: rank {rank} was excluded by the others", [rank]).encode()
+    dead = getattr(error, "dead", [])
+    return failure_verdict(str(error) if error is not None else f"{what} failed: the world failed", dead).encode()
+
+
+def failed_commit(what: str, participants: Sequence[int]) -> tuple[str, list[int]]:
+    """A commit's failure when the world failed during it: why, and its dead among the participants."""
+    error = alarm.pending(what)
+    members = set(participants)
+    dead = sorted(rank for rank in getattr(error, "dead", ()) if rank in members)
+    said = str(error).splitlines()[0] if error is not None else "the world failed"
+    return f"the world failed during the commit ({said})", dead
