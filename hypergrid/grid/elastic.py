@@ -25,7 +25,7 @@ from hypergrid.binding.failures import abort_groups
 from hypergrid.binding.reform import current_epoch
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, untagged
 from hypergrid.errors import GridSpecError, GridTooLargeError, InvalidArgumentError, RankError
-from hypergrid.grid.recovery import Family, Recovery, families_digest
+from hypergrid.grid.recovery import Recovery, Recreation, families_digest
 from hypergrid.grid.regrid import Regrid
 from hypergrid.grid.snapshots import MAX_STEP, StepSnapshots
 from hypergrid.launch.ledger import record_shrink
@@ -237,7 +237,7 @@ class Elastic(GridFacet):
         regrid: Regrid = self._recover(recovery, proposal, families)
         return regrid
 
-    def _recover(self, recovery: Recovery, proposal: Proposal, families: list[Family]) -> Regrid:
+    def _recover(self, recovery: Recovery, proposal: Proposal, families: list[Recreation]) -> Regrid:
         """Agree, plan and carry on (see `hypergrid.grid.recovery`)."""
         dead = recovery.agree(proposal)
         plan, successor = recovery.plan(dead, proposal.policy, proposal.dim, families)
@@ -277,7 +277,7 @@ class Elastic(GridFacet):
         shape[view.dim_names.index(dim)] = shape[view.dim_names.index(dim)] * new // old
         return shape
 
-    def _family_list(self) -> list[Family]:
+    def _family_list(self) -> list[Recreation]:
         """Every family the grid created, in order, with what ``_create_families`` needs to create it again."""
         root = self._root
         backend_of = {key: entry.backend for entry in root._pool.entries() for key in entry.holders}
@@ -292,7 +292,7 @@ class Elastic(GridFacet):
             families.append((key, spec))
         return families
 
-    def _recreate(self, families: Sequence[Family], bound_s: float) -> None:
+    def _recreate(self, families: Sequence[Recreation], bound_s: float) -> None:
         """Create ``families`` again, in their order (the shrink's agreement compared them: no guard round).
 
         torch waits at most ``bound_s`` for the other members of each group (a

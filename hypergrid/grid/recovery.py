@@ -70,14 +70,14 @@ from hypergrid.values import format_ranks
 
 __all__ = ["Recovery", "families_digest"]
 
-#: One family to re-create: its registry key, and what ``_create_families`` needs (dims, view, tag, kwargs).
-Family = tuple[PgKey, dict[str, Any]]
+#: A recreation (one family to re-create): its key, and what ``_create_families`` needs (dims, view, tag, kwargs).
+Recreation = tuple[PgKey, dict[str, Any]]
 
 #: The step agreement's "no value" (the neutral element of its MIN), above every step.
 _NONE = MAX_STEP + 1
 
 
-def families_digest(families: Sequence[Family], description: str) -> str:
+def families_digest(families: Sequence[Recreation], description: str) -> str:
     """A short digest of the families a grid will re-create (equal on ranks that would create the same).
 
     Examples:
@@ -149,7 +149,9 @@ class Recovery:
 
     # -- 2. the plan ----------------------------------------------------------------------
 
-    def plan(self, dead: Sequence[int], policy: str, dim: str, families: Sequence[Family]) -> tuple[ShrinkPlan, Any]:
+    def plan(
+        self, dead: Sequence[int], policy: str, dim: str, families: Sequence[Recreation]
+    ) -> tuple[ShrinkPlan, Any]:
         """The new world and the successor grid, every family checked on it; nothing is torn down here."""
         grid = self.grid
         plan = plan_shrink(grid.layout, self.world, grid.spares, dead, dim, policy)
@@ -164,7 +166,9 @@ class Recovery:
 
     # -- 3.-4. tear down, then form worlds until one holds --------------------------------
 
-    def carry_on(self, plan: ShrinkPlan, successor: Any, families: Sequence[Family], policy: str, dim: str) -> Regrid:
+    def carry_on(
+        self, plan: ShrinkPlan, successor: Any, families: Sequence[Recreation], policy: str, dim: str
+    ) -> Regrid:
         """Tear the old world down and form the new one (attempt after attempt); this rank's `Regrid`.
 
         The old world's watcher answers for this rank until the new world
@@ -246,7 +250,7 @@ class Recovery:
         world.start_watching()
         WORLDS.adopt(world)
 
-    def _form(self, plan: ShrinkPlan, successor: Any, families: Sequence[Family], number: int, old: Any) -> None:
+    def _form(self, plan: ShrinkPlan, successor: Any, families: Sequence[Recreation], number: int, old: Any) -> None:
         """One attempt at world ``number``: ready barrier, default group, families, step, commit (``old``: watcher).
 
         The commit barrier's verdict is the attempt's outcome on every member:
