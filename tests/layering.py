@@ -152,6 +152,39 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def private_grid_members() -> set[str]:
+    """The grid's private names: methods of the classes in grid/, ops/ and binding.facet, and their ``self._x``."""
+    names: set[str] = set()
+    for name, path in modules().items():
+        if not name.startswith(("grid", "ops", "binding.facet")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                names.update(
+                    item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                )
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _on_self(node):
+                names.add(node.attr)
+    return {name for name in names if name.startswith("_") and not name.startswith("__")}
+
+
+def _on_self(node: ast.Attribute) -> bool:
+    return isinstance(node.value, ast.Name) and node.value.id == "self"
+
+
+def adapter_private_uses() -> list[str]:
+    """``module:line .name`` for each use, in compat/, of a private member of the grid on anything but ``self``."""
+    private = private_grid_members()
+    found = []
+    for name, path in modules().items():
+        if layer_of(name).name != "compat":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in private and not _on_self(node):
+                found.append(f"hypergrid.{name}:{node.lineno} .{node.attr}")
+    return found
+
+
 def line_counts() -> dict[str, tuple[int, int]]:
     """layer name -> (modules, lines)."""
     counts = {layer.name: [0, 0] for layer in LAYERS}

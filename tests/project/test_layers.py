@@ -35,6 +35,12 @@ def test_the_checks_find_a_circle_and_an_upward_import() -> None:
     assert layering.layer_of("") is layering.layer_of("autograd")  # the facade
 
 
+def test_adapters_use_no_private_member_of_the_grid() -> None:
+    assert {"_rank_view", "_pgs", "_root", "_views"} <= layering.private_grid_members()  # the check sees them
+    uses = layering.adapter_private_uses()
+    assert not uses, f"compat uses private grid members (use hypergrid.grid.core.GridCore): {uses}"
+
+
 def test_pure_layers_import_no_torch_anywhere() -> None:
     for name, path in layering.modules().items():
         if layering.layer_of(name).pure:
