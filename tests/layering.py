@@ -185,6 +185,77 @@ def adapter_private_uses() -> list[str]:
     return found
 
 
+# Module-level mutable objects the package may hold: the registry of worlds, and each other one with its reason.
+# Anything else at module level is a constant (a str, number, tuple, frozenset, compiled pattern, logger, ...).
+MODULE_STATE: dict[str, str] = {
+    "binding.worldstate.WORLDS": "the registry of worlds: each world's state, and what outlives every world",
+    "layout.coordinates._coord_types": "a cache of immutable namedtuple classes, one per tuple of dim names",
+    "layout.coordinates._coord_types_lock": "the lock of that cache",
+    "launch.sockets._tracked": "a weak index: process group -> its sockets; an entry dies with its group",
+    "launch.stacks._open_files": "signal -> its dump file: signal handlers are the process's, not a world's",
+    "compat.megatron_collection._OWNERS": "a weak index: collection -> its grid; an entry dies with its collection",
+    # Constant tables (never written after import):
+    "_LAZY": "constant: public name -> the module that defines it",
+    "__main__._COMMANDS": "constant: command -> its entry point",
+    "binding.creation._CREATORS": "constant: strategy -> its creator",
+    "cli.plan._UNITS": "constant: unit suffix -> its factor",
+    "cluster.tiers.PRESETS": "constant: the cluster presets",
+    "compat.megatron_fields.DENSE_FAMILIES": "constant: Megatron's dense fields -> their dims",
+    "compat.megatron_fields.EXPERT_FAMILIES": "constant: Megatron's expert fields -> their dims",
+    "compat.megatron_fields.ALIASES": "constant: field aliases",
+    "compat.megatron_fields.SAME_WHEN_UNIT": "constant: fields that are one object when a dim has size 1",
+    "compat.megatron_layout.EXPERT_NAMES": "constant: Megatron's expert dim names",
+    "compat.mpu._OPTIONAL_DEFAULTS": "constant: the MPU getters' defaults",
+    "grid.settings._SETTING_NAMES": "constant: the grid's settings",
+    "ops.checks._EXTRA": "constant: call -> its extra fields",
+    "ops.checks._DTYPES": "constant: the dtypes a row can name",
+    "ops.checks._NAMES": "constant: the checked calls",
+    "ops.checks._DECODE": "constant: code -> the call it stands for",
+}
+# Calls whose result is a constant at module level.
+_CONSTANT_CALLS = {
+    "float", "int", "str", "bool", "tuple", "frozenset", "compile", "getLogger", "TypeVar", "timedelta", "object",
+    "NewType", "namedtuple", "MappingProxyType",
+}  # fmt: skip
+
+
+def module_state() -> dict[str, str]:
+    """``module.name`` -> what it is, for each module-level mutable object (and each ``global`` statement)."""
+    found: dict[str, str] = {}
+    for name, path in modules().items():
+        prefix = f"{name}." if name else ""
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                targets, value = [node.target], node.value
+            else:
+                continue
+            kind = _mutable_kind(value)
+            for target in targets:
+                if kind and isinstance(target, ast.Name) and target.id != "__all__":
+                    found[prefix + target.id] = f"{kind} (line {node.lineno})"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Global):
+                found[f"{prefix}global {', '.join(node.names)}"] = f"a global statement (line {node.lineno})"
+    return found
+
+
+def _mutable_kind(value: ast.expr) -> str | None:
+    if isinstance(value, (ast.Dict, ast.DictComp)):
+        return "a dict"
+    if isinstance(value, (ast.List, ast.ListComp)):
+        return "a list"
+    if isinstance(value, (ast.Set, ast.SetComp)):
+        return "a set"
+    if isinstance(value, ast.Call):
+        func = value.func
+        called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else "?"
+        return None if called in _CONSTANT_CALLS else f"an instance ({called}(...))"
+    return None
+
+
 def line_counts() -> dict[str, tuple[int, int]]:
     """layer name -> (modules, lines)."""
     counts = {layer.name: [0, 0] for layer in LAYERS}

@@ -55,7 +55,7 @@ from hypergrid.agreement.protocol import Round, grace_s, round_keys
 from hypergrid.agreement.request import CreationRequest, shown_ranks
 from hypergrid.agreement.world import current_watcher
 from hypergrid.binding import alarm
-from hypergrid.binding.worldstate import PerWorld
+from hypergrid.binding.worldstate import WORLDS
 from hypergrid.errors import RankFailure
 
 __all__ = [
@@ -73,11 +73,6 @@ __all__ = [
 
 _PREFIX = "hypergrid/guard"
 
-_leftovers = PerWorld()  # scope family -> prefixes of its rounds that failed (their keys are still stored)
-_last_commits = PerWorld()  # scope family -> the prefix of its last commit that passed (its verdict is stored)
-_ordinals: dict[str, int] = {}  # grid description -> grids of it built in this process
-_failures = {"count": 0}  # guard rounds that failed in this process, on any grid
-
 
 def guard_failures() -> int:
     """How many guard rounds failed in this process so far, on any grid.
@@ -91,7 +86,7 @@ def guard_failures() -> int:
         >>> guard_failures() >= 0
         True
     """
-    return _failures["count"]
+    return WORLDS.guard_failures
 
 
 @dataclass(frozen=True)
@@ -127,11 +122,11 @@ def grid_ordinal(description: str, forget: int | None = None) -> int:
         1
     """
     if forget is not None:
-        if _ordinals.get(description) == forget + 1:
-            _ordinals[description] = forget
+        if WORLDS.grid_ordinals.get(description) == forget + 1:
+            WORLDS.grid_ordinals[description] = forget
         return forget
-    number = _ordinals.get(description, 0)
-    _ordinals[description] = number + 1
+    number = WORLDS.grid_ordinals.get(description, 0)
+    WORLDS.grid_ordinals[description] = number + 1
     return number
 
 
@@ -177,9 +172,9 @@ class GuardLedger:
         if not dist.is_initialized() or dist.get_backend() == "fake" or dist.get_world_size() < 2:
             return
         store = c10d._get_default_store()
-        for family_rounds in _leftovers.get().values():
+        for family_rounds in WORLDS.state().guard_leftovers.values():
             family_rounds[:] = [prefix for prefix in family_rounds if prefix not in rounds]
-        last = _last_commits.get()
+        last = WORLDS.state().guard_last_commits
         with contextlib.suppress(RuntimeError):  # the store is gone: nothing left to delete
             for prefix, dead in rounds.items():
                 _release_round(store, prefix, dead)
@@ -238,11 +233,11 @@ def agree(
     # The default group's store: torch exposes it only through this accessor, which torch's own
     # helpers and Megatron use too.
     store = c10d._get_default_store()
-    leftovers = _leftovers.get().setdefault(scope.family, [])
+    leftovers = WORLDS.state().guard_leftovers.setdefault(scope.family, [])
     rank = dist.get_rank()
     verdict = Round(store, scope.prefix, rank, participants, request, timeout_s, progress_s, leftovers).run()
     if verdict.kind != "ok":
-        _failures["count"] += 1
+        WORLDS.guard_failures += 1
         leftovers.append(scope.prefix)
         if ledger is not None:
             ledger.record(scope.prefix, [rank for first, last in verdict.dead for rank in range(first, last + 1)])
@@ -319,7 +314,7 @@ def _tidy(store: Any, prefix: str, barrier: Barrier, participants: Sequence[int]
     """
     round_prefix = prefix.rpartition("/")[0]
     family = round_prefix.rpartition("/")[0]
-    last = _last_commits.get()
+    last = WORLDS.state().guard_last_commits
     keys = [f"{round_prefix}/roster", f"{round_prefix}/verdict", barrier.count_key]
     if family in last:
         keys.append(f"{last[family]}/verdict")

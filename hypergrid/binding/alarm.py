@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hypergrid.binding.worldstate import PerWorld
+from hypergrid.binding.worldstate import WORLDS
 from hypergrid.errors import FencedError, HyperGridError, RankFailure, StoreLostError
 from hypergrid.values import format_ranks
 
@@ -76,46 +76,26 @@ class News:
     reason: str
 
 
-class _Alarm:
-    """The process's failure state: per world (news, waiters, reporter) and for good (the fence)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.world = PerWorld()
-        self.fence: str | None = None
-        self.store_lost: BaseException | None = None  # torch's error that showed the job's store gone
-
-    def state(self) -> dict[str, Any]:
-        with self.lock:
-            data = self.world.get()
-            if not data:
-                data.update(news=None, waiters=set(), reporter=None)
-            return data
-
-
-_alarm = _Alarm()
-
-
 def install(reporter: Reporter | None) -> None:
     """Set (or clear, with None) the current world's reporter: the watcher does, when it starts."""
-    _alarm.state()["reporter"] = reporter
+    WORLDS.state().alarm["reporter"] = reporter
 
 
 def news() -> News | None:
     """The current world's failure, once the roll call settled it; else None."""
-    found: News | None = _alarm.state()["news"]
+    found: News | None = WORLDS.state().alarm["news"]
     return found
 
 
 def fenced() -> str | None:
     """Why this rank was fenced (declared dead by the others), or None."""
-    return _alarm.fence
+    return WORLDS.fence
 
 
 def sound(dead: Sequence[int], reason: str) -> None:
     """The current world failed (``dead`` did not answer the roll call): end every grid wait at once."""
-    data = _alarm.state()
-    with _alarm.lock:
+    data = WORLDS.state().alarm
+    with WORLDS.alarm_lock:
         if data["news"] is None:
             data["news"] = News(tuple(sorted(dead)), reason)
         waiters = list(data["waiters"])
@@ -125,22 +105,22 @@ def sound(dead: Sequence[int], reason: str) -> None:
 
 def fence(reason: str) -> None:
     """This rank was declared dead by the others: every grid call from now on raises ``FencedError``."""
-    with _alarm.lock:
-        if _alarm.fence is None:
-            _alarm.fence = reason
+    with WORLDS.alarm_lock:
+        if WORLDS.fence is None:
+            WORLDS.fence = reason
     sound((), reason)
 
 
 def _fenced_error(what: str) -> FencedError:
     return FencedError(
-        f"{what}: this rank was excluded by the others ({_alarm.fence}); it cannot take part in the job any more "
+        f"{what}: this rank was excluded by the others ({WORLDS.fence}); it cannot take part in the job any more "
         "(its grid and groups are gone for it): exit, and let the launcher start a new process if one is needed"
     )
 
 
 def check_fence(what: str) -> None:
     """Raise ``FencedError`` on a fenced rank; else nothing (failure news does not count here)."""
-    if _alarm.fence is not None:
+    if WORLDS.fence is not None:
         raise _fenced_error(what)
 
 
@@ -163,15 +143,15 @@ def is_store_loss(error: BaseException) -> bool:
 
 def lose_store(error: BaseException) -> None:
     """The job's store is gone (``error``: torch's): every grid wait ends, every grid call raises from now on."""
-    with _alarm.lock:
-        if _alarm.store_lost is None:
-            _alarm.store_lost = error
+    with WORLDS.alarm_lock:
+        if WORLDS.store_lost is None:
+            WORLDS.store_lost = error
     sound((), "the job's store is gone")
 
 
 def store_lost(what: str) -> StoreLostError | None:
     """The ``StoreLostError`` for ``what`` once the job's store is known gone (its ``__cause__``: torch's error)."""
-    cause = _alarm.store_lost
+    cause = WORLDS.store_lost
     if cause is None:
         return None
     said = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
@@ -207,7 +187,7 @@ def check(what: str) -> None:
     lost = store_lost(what)
     if lost is not None:
         raise lost
-    if _alarm.fence is not None:
+    if WORLDS.fence is not None:
         raise _fenced_error(what)
     found = news()
     if found is not None:
@@ -229,9 +209,9 @@ def failure(what: str, said: str, dead: Sequence[int] = ()) -> HyperGridError:
     With a watcher installed the failure is reported (every rank's waits end)
     and the roll call names the dead; without one, ``dead`` as given.
     """
-    data = _alarm.state()
+    data = WORLDS.state().alarm
     reporter: Reporter | None = data["reporter"]
-    if _alarm.fence is None and data["news"] is None and reporter is not None:
+    if WORLDS.fence is None and data["news"] is None and reporter is not None:
         try:
             with store_calls(what):
                 found = reporter("failure", f"{what}: {said}")
@@ -242,7 +222,7 @@ def failure(what: str, said: str, dead: Sequence[int] = ()) -> HyperGridError:
     lost = store_lost(what)
     if lost is not None:
         return lost
-    if _alarm.fence is not None:
+    if WORLDS.fence is not None:
         return _fenced_error(what)
     known = news()
     if known is not None:
@@ -266,7 +246,7 @@ def wait(work: Any, what: str, stream: bool = False) -> None:
     torch's error, if the work failed, propagates as torch raised it.
     """
     check(what)
-    data = _alarm.state()
+    data = WORLDS.state().alarm
     if data["reporter"] is None or stream:
         work.wait()
         check(what)
@@ -277,12 +257,12 @@ def wait(work: Any, what: str, stream: bool = False) -> None:
         work.wait()
         return
     event = threading.Event()
-    with _alarm.lock:
+    with WORLDS.alarm_lock:
         data["waiters"].add(event)
     try:
         future.add_done_callback(lambda _: event.set())
         waited, probe_after = 0.0, PROBE_S
-        while data["news"] is None and _alarm.fence is None and not event.wait(probe_after):
+        while data["news"] is None and WORLDS.fence is None and not event.wait(probe_after):
             waited += probe_after
             reporter = data["reporter"]
             if reporter is not None:  # this wait lasts: is a peer gone (stopped, cut off)? The answer ends it if so
@@ -290,19 +270,15 @@ def wait(work: Any, what: str, stream: bool = False) -> None:
                     reporter("probe", f"{what} waited {waited:g} s")
             probe_after *= 2
     finally:
-        with _alarm.lock:
+        with WORLDS.alarm_lock:
             data["waiters"].discard(event)
     if not future.done():
-        _abandoned.append(work)  # torch still runs it: its group must outlive it (binding.failures.abort_groups)
+        WORLDS.abandoned.append(work)  # torch still runs it: its group must outlive it (binding.failures.abort_groups)
         check(what)
     work.wait()
 
 
-#: Works a wait gave up on (the world failed first): torch's threads still run them.
-_abandoned: list[Any] = []
-
-
 def abandoned() -> list[Any]:
     """The works still running that a grid wait gave up on (completed ones are dropped here)."""
-    _abandoned[:] = [work for work in _abandoned if not work.is_completed()]
-    return list(_abandoned)
+    WORLDS.abandoned[:] = [work for work in WORLDS.abandoned if not work.is_completed()]
+    return list(WORLDS.abandoned)

@@ -1,8 +1,20 @@
-"""Bookkeeping that lives as long as the current default process group."""
+"""The registry of worlds (`WORLDS`): hypergrid's one module-level mutable object, and the world size hint.
+
+A *world* is one default process group. Everything this rank keeps for the
+current world is a field of its `WorldState` (the alarm's news and waiters,
+the members-only names creation gave, the guard's leftover rounds); a new
+default group gets a fresh one. The registry holds the agreement's `World`
+of each live default group (its watcher and store connections,
+``hypergrid.agreement.world``), and what outlives every world: the fence,
+the abandoned works and the aborted groups they need, how the world was
+formed, the grids' ordinals and the guard's failure count.
+"""
 
 from __future__ import annotations
 
+import datetime
 import os
+import threading
 import weakref
 from typing import Any
 
@@ -11,34 +23,99 @@ from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.errors import WorldSizeError
 
-__all__ = ["PerWorld", "held_group_count", "world_size_hint"]
+__all__ = ["WORLDS", "WorldState", "Worlds", "held_group_count", "world_size_hint"]
 
 
-class PerWorld:
-    """A dict that empties itself when the default group changes (destroyed and re-initialized).
+class WorldState:
+    """What this rank keeps for one world: the current default group's, or "no world"'s before one exists.
+
+    Attributes:
+        alarm: the world's failure news, the grid waits to wake and the reporter (``hypergrid.binding.alarm``).
+        local_names: members-only groups made: (ranks, groups held then) -> torch's name (``creation``).
+        guard_leftovers: scope family -> prefixes of its failed rounds, whose keys are still stored (the guard).
+        guard_last_commits: scope family -> the prefix of its last passed commit (the guard).
 
     Examples:
-        >>> state = PerWorld()
-        >>> state.get()["seen"] = 1
-        >>> state.get()  # no world: one shared, empty-at-first state per "no world"
-        {'seen': 1}
+        >>> state = WorldState()
+        >>> state.alarm["news"], state.local_names
+        (None, {})
     """
 
     def __init__(self) -> None:
-        self._world: weakref.ref[Any] | None = None  # None: the data belongs to "no world"
-        self._data: dict[Any, Any] = {}
+        self.alarm: dict[str, Any] = {"news": None, "waiters": set(), "reporter": None}
+        self.local_names: dict[tuple[tuple[int, ...], int], str] = {}
+        self.guard_leftovers: dict[str, list[str]] = {}
+        self.guard_last_commits: dict[str, str] = {}
 
-    def get(self) -> dict[Any, Any]:
-        world = dist.group.WORLD if dist.is_initialized() else None
-        if self._world is None:
-            same = world is None
-        else:
-            held = self._world()
-            same = held is not None and held is world  # a world torch dropped is never the current one
-        if not same:
-            self._world = None if world is None else weakref.ref(world)
-            self._data = {}
-        return self._data
+
+class Worlds:
+    """The registry of worlds on this rank: each live default group's ``World``, the current world's `WorldState`.
+
+    Attributes:
+        live: id(default group) -> its ``World`` (``hypergrid.agreement.world``), until the group is released.
+        lock: held while a world is made or registered (``hypergrid.agreement.world``).
+        alarm_lock: the alarm's (``hypergrid.binding.alarm``).
+        fence: why this rank was fenced (declared dead by the others), for good; None until then.
+        store_lost: torch's error that showed the job's store gone; None until then.
+        abandoned: works a grid wait gave up on (the world failed first) that torch's threads still run.
+        graveyard: aborted groups kept alive while an abandoned work runs (``binding.failures``).
+        formed: how hypergrid formed the current default group (``binding.reform``): its group (a weak
+            reference) and epoch, and the backend and timeout of the world it tore down.
+        grid_ordinals: grid description -> grids of it built in this process (the guard's rounds).
+        guard_failures: guard rounds that failed in this process, on any grid.
+        exit_registered: the ``atexit`` handler that closes every world is registered.
+
+    Examples:
+        >>> registry = Worlds()
+        >>> registry.state() is registry.state(), registry.current() is None
+        (True, True)
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.live: dict[int, Any] = {}
+        self.alarm_lock = threading.Lock()
+        self.fence: str | None = None
+        self.store_lost: BaseException | None = None
+        self.abandoned: list[Any] = []
+        self.graveyard: list[Any] = []
+        self.formed: dict[str, Any] = {
+            "world": None,
+            "epoch": None,
+            "backend": "gloo",
+            "timeout": datetime.timedelta(minutes=30),
+        }
+        self.grid_ordinals: dict[str, int] = {}
+        self.guard_failures = 0
+        self.exit_registered = False
+        self._group: weakref.ref[Any] | None = None  # None: the state belongs to "no world"
+        self._state = WorldState()
+        self._state_lock = threading.Lock()
+
+    def state(self) -> WorldState:
+        """The current world's state; a fresh one when the default group changed (destroyed, re-initialized)."""
+        group = dist.group.WORLD if dist.is_initialized() else None
+        with self._state_lock:
+            if self._group is None:
+                same = group is None
+            else:
+                held = self._group()
+                same = held is not None and held is group  # a group torch dropped is never the current one
+            if not same:
+                self._group = None if group is None else weakref.ref(group)
+                self._state = WorldState()
+            return self._state
+
+    def current(self) -> Any:
+        """The current default group's ``World``, if one was made (None without an initialized default group)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        with self.lock:
+            return self.live.get(id(dist.group.WORLD))
+
+
+#: The registry of worlds on this rank: hypergrid's one piece of module-level mutable state.
+WORLDS = Worlds()
 
 
 def held_group_count() -> int:

@@ -29,6 +29,7 @@ from hypergrid.grid.nodes import NodeAwareness
 from hypergrid.grid.shims import MegatronShims
 from hypergrid.grid.views import BASE_VIEW, RankView, Views
 from hypergrid.layout import Dims, GridLayout, resolve_shape
+from hypergrid.ops.checks import CallLedger
 from hypergrid.ops.collectives import Collectives, check_collectives_flag
 from hypergrid.ops.gradients import Gradients
 from hypergrid.ops.pipeline import Pipeline
@@ -143,8 +144,7 @@ class HyperCommGrid(
         self.check_collectives = check_collectives_flag(check_collectives)
         self._check_fits(world)
         self.spares = check_spares(spares, world, self.rank_offset + self.size)
-        # The grid whose registry this one uses (itself, except for a grid returned by view()),
-        # and the view it enumerates. The root grid holds every view and every group.
+        # The grid whose registry this one uses (itself but for a view()) and its view; the root holds them all.
         self._root: HyperCommGrid = self
         self._view_name = BASE_VIEW
         self._views: dict[str, RankView] = {BASE_VIEW: RankView(BASE_VIEW, self.shape, self.dim_names, [], self.layout)}
@@ -159,15 +159,15 @@ class HyperCommGrid(
         self._ordinal = grid_ordinal(self._describe())
         self._epoch, self._resync, self._failures_seen = 0, 0, guard_failures()  # _resync: see _stale_epoch
         self._creations = 0
-        # The guard rounds of this grid whose keys may still be in the store; destroy() deletes them.
-        self._guard_ledger = GuardLedger()
+        # The guard rounds whose keys may still be in the store (destroy() deletes them), and the checked
+        # collectives' call counts in this epoch (hypergrid.ops.checks; the root's is used).
+        self._guard_ledger, self._call_ledger = GuardLedger(), CallLedger()
 
     @property
     def _pgs(self) -> dict[PgKey, Any]:
         """The registry, under Megatron-Core's name and keys (``"dp-tp"``, ``("expert", ("ep", "expt_tp"))``).
 
-        Code that reads or replaces ``grid._pgs`` (as Megatron's does) reads or
-        replaces the registry itself; a grid returned by ``view()`` shares its root's.
+        Reading or replacing it (as Megatron's code does) reads or replaces the root's registry.
         """
         return self._root._registry
 

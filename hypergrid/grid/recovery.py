@@ -55,7 +55,7 @@ from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.liveness import FAILURE
 from hypergrid.agreement.liveness import PREFIX as LIVE_PREFIX
 from hypergrid.agreement.membership import MembershipRound, Proposal, round_prefix
-from hypergrid.agreement.world import WORLDS, World, current_watcher
+from hypergrid.agreement.world import World, adopt, current_watcher, current_world, register
 from hypergrid.binding import alarm
 from hypergrid.binding.failures import communicate
 from hypergrid.binding.reform import Epoch, forget_numbered, forget_worlds, reform_world, retire, tear_down
@@ -176,7 +176,7 @@ class Recovery:
         start just before its commit, so all of them run once it passes), and
         it ends with the old world (`Watcher.end_world`).
         """
-        grid, world = self.grid, WORLDS.current()
+        grid, world = self.grid, current_world()
         old = None if world is None else world.watcher
         if world is not None:
             world.reforming = True  # the teardown of its default group does not close it: its watcher answers on
@@ -244,11 +244,11 @@ class Recovery:
 
     def _watch(self, old: World | None, number: int, rank: int, size: int) -> None:
         """Adopt the new world ``number``: its watcher on the old world's connection (or a new one without it)."""
-        world = WORLDS.current() or World(number, rank, size, self.epoch.base_store)
+        world = current_world() or World(number, rank, size, self.epoch.base_store)
         if old is not None:
             world.take_over(old)
         world.start_watching()
-        WORLDS.adopt(world)
+        adopt(world)
 
     def _form(self, plan: ShrinkPlan, successor: Any, families: Sequence[Recreation], number: int, old: Any) -> None:
         """One attempt at world ``number``: ready barrier, default group, families, step, commit (``old``: watcher).
@@ -284,7 +284,7 @@ class Recovery:
             # Until the commit passes, the attempt asks the old world's roll call (its watcher answers on); the new
             # world's watcher starts on the old one's connection once the old world ended (`_watch`).
             reform_world(self.epoch, new_rank, size, timeout, excluded, number, self.timeout_s)
-            WORLDS.register(World(number, new_rank, size, self.epoch.base_store))
+            register(World(number, new_rank, size, self.epoch.base_store))
             self.clock.lap("world")
             successor._recreate(families, self.timeout_s)
             self.clock.lap("families")

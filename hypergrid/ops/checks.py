@@ -27,7 +27,6 @@ them through the store and raises the same error on every rank that waits.
 from __future__ import annotations
 
 import os
-import weakref
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -218,14 +217,9 @@ class CallLedger:
         return number
 
 
-_ledgers: weakref.WeakKeyDictionary[Any, CallLedger] = weakref.WeakKeyDictionary()
-
-
 def ledger_of(root: Any) -> CallLedger:
-    """The `CallLedger` of a root grid (kept beside it, not in it)."""
-    found = _ledgers.get(root)
-    if found is None:
-        found = _ledgers[root] = CallLedger(root._epoch)
+    """The `CallLedger` of a root grid (it holds one from its construction)."""
+    found: CallLedger = root._call_ledger
     return found
 
 

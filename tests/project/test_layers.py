@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -39,6 +40,21 @@ def test_adapters_use_no_private_member_of_the_grid() -> None:
     assert {"_rank_view", "_pgs", "_root", "_views"} <= layering.private_grid_members()  # the check sees them
     uses = layering.adapter_private_uses()
     assert not uses, f"compat uses private grid members (use hypergrid.grid.core.GridCore): {uses}"
+
+
+def test_module_level_state_is_the_registry_of_worlds_or_named() -> None:
+    """A new module-level dict, list, set or object (or a ``global``) fails until MODULE_STATE names its reason."""
+    found = layering.module_state()
+    unnamed = {name: kind for name, kind in found.items() if name not in layering.MODULE_STATE}
+    assert not unnamed, f"module-level mutable state (hold it in the World object or a grid): {unnamed}"
+    stale = sorted(set(layering.MODULE_STATE) - set(found))
+    assert not stale, f"tests/layering.py MODULE_STATE names state that is gone: {stale}"
+
+
+def test_the_state_check_sees_each_kind() -> None:
+    source = "a = {}\nb: list[int] = []\nc = {1}\nd = Thing()\ne = frozenset()\ndef f():\n    global a\n"
+    kinds = [layering._mutable_kind(node.value) for node in ast.parse(source).body[:5]]  # type: ignore[attr-defined]
+    assert kinds == ["a dict", "a list", "a set", "an instance (Thing(...))", None]
 
 
 def test_pure_layers_import_no_torch_anywhere() -> None:
