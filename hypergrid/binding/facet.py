@@ -26,6 +26,7 @@ class GridFacet:
     """Base of the grid's capability mixins: the registry members they use, and three small helpers."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
+        _core: Any  # all of the grid's state: hypergrid.grid.core.GridCore
         layout: GridLayout
         backend: str | None
         strategy: str

@@ -16,7 +16,6 @@ import torch.distributed as dist
 
 from hypergrid.agreement.guard import (
     CreationRequest,
-    GuardLedger,
     agree,
     creation_failed,
     grid_scope,
@@ -47,6 +46,7 @@ from hypergrid.layout.hierarchy import hierarchical_family, node_size, resolve_s
 from hypergrid.values import shown
 
 if TYPE_CHECKING:
+    from hypergrid.grid.core import GridCore
     from hypergrid.grid.views import RankView
 
 __all__ = ["GuardedCreation"]
@@ -59,21 +59,11 @@ class GuardedCreation(GridFacet):
     """Batch creation and the guard round of a creation (a mixin of ``HyperCommGrid``)."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid
+        _core: GridCore
         guard_progress_s: float
-        _creations: int
-        _epoch: int
-        _resync: int
-        _failures_seen: int
-        _ordinal: int
-        _guard_ledger: GuardLedger
 
         group_options: dict[str, Any]
-        _root: Any
-        _view_name: str
-        _families: dict[PgKey, tuple[GridLayout, tuple[str, ...], int | None]]
 
-        @property
-        def _pgs(self) -> dict[PgKey, Any]: ...
         def _family(self, dims: Dims, view: str | None) -> tuple[PgKey, GridLayout, RankView]: ...
         def _check_fits(self, world: int | None) -> None: ...
         def _shared(self, *args: Any) -> tuple[Any, Any]: ...
@@ -85,8 +75,8 @@ class GuardedCreation(GridFacet):
         ``_resync`` is the latest epoch another rank was seen in, by a guard
         error on this grid: ``destroy()`` starts the epoch after it.
         """
-        seen, self._failures_seen = self._failures_seen, guard_failures()
-        return seen < self._failures_seen
+        seen, self._core.failures_seen = self._core.failures_seen, guard_failures()
+        return seen < self._core.failures_seen
 
     def _key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> PgKey:
         """The registry key of a family (or of one half of its hierarchy), with ``tag``; never on a fenced rank."""
@@ -101,7 +91,7 @@ class GuardedCreation(GridFacet):
                 f"ranks_per_node={shown(given)} without within= or across=; it sets the node size of a hierarchy's "
                 "half only"
             )
-        stored: int | None = self._root._families.get(key, (None, None, None))[2]
+        stored: int | None = self._core.registry.families.get(key, (None, None, None))[2]  # type: ignore[arg-type]
         if given is not None and stored is not None and node_size(given) != stored:  # type: ignore[arg-type]
             raise InvalidArgumentError(
                 f"{key!r} was created with ranks_per_node={stored}, not {shown(given)}: a half is cut once; destroy() "
@@ -143,11 +133,11 @@ class GuardedCreation(GridFacet):
         from another (a view, a successor after ``shrink``) keeps every setting,
         including one added later.
         """
-        return init_kwargs(self._root)
+        return init_kwargs(self._core.root)
 
     def _settings(self) -> tuple[tuple[str, str], ...]:
         """Every constructor setting of the grid, as (name, text): derived from the signature, so none is forgotten."""
-        return settings(self._root)
+        return settings(self._core.root)
 
     def _guard_round(
         self,
@@ -167,8 +157,8 @@ class GuardedCreation(GridFacet):
         and the prefix of its round (for the commit and a roll call if torch
         then fails), None where no round ran; nothing with the guard off.
         """
-        sequence = self._creations
-        self._creations += 1
+        sequence = self._core.creations
+        self._core.creations += 1
         if not self.guard:
             return []
         rounds: list[tuple[Sequence[int], Any, Sequence[Plan]]] = []
@@ -182,10 +172,10 @@ class GuardedCreation(GridFacet):
             for same_layout in by_layout.values():
                 dims = sorted({name for _, _, ordered in same_layout for name in ordered})
                 members: Sequence[int] = same_layout[0][1].group_ranks(dims, member)
-                scope = grid_scope(describe, self._ordinal, self._epoch, sequence, members)
+                scope = grid_scope(describe, self._core.ordinal, self._core.epoch, sequence, members)
                 rounds.append((members, scope, same_layout))
         else:
-            scope = grid_scope(describe, self._ordinal, self._epoch, sequence, None)
+            scope = grid_scope(describe, self._core.ordinal, self._core.epoch, sequence, None)
             rounds.append((range(dist.get_world_size()), scope, plans))
         by_key: dict[PgKey, tuple[Sequence[int], str] | None] = {}
         for participants, scope, batch in rounds:
@@ -196,18 +186,18 @@ class GuardedCreation(GridFacet):
                 grid_sequence=sequence,
                 held_groups=held_groups,
                 options=options,
-                grid_ordinal=self._ordinal,
-                epoch=self._epoch,
+                grid_ordinal=self._core.ordinal,
+                epoch=self._core.epoch,
                 settings=self._settings(),
                 views=views,
                 reuses=reuses,
             )
             try:
                 ran = agree(
-                    request, participants, scope, self.guard_timeout_s, self.guard_progress_s, self._guard_ledger
+                    request, participants, scope, self.guard_timeout_s, self.guard_progress_s, self._core.guard_ledger
                 )
             except (DesyncError, GuardTimeoutError) as error:
-                self._resync = max(self._resync, error.epoch)  # destroy() starts an epoch past every rank's
+                self._core.resync = max(self._core.resync, error.epoch)  # destroy() starts an epoch past every rank's
                 raise
             by_key.update({key: (participants, scope.prefix) if ran else None for key, _, _ in batch})
         return [by_key[key] for key, _, _ in plans]
@@ -284,9 +274,9 @@ class GuardedCreation(GridFacet):
         (``shrink`` re-creating families); with one, the guard's timeout bounds it.
         Returns registry key -> the caller's group, in creation order.
         """
-        root: GuardedCreation = self._root
+        root: GuardedCreation = self._core.root
         if root is not self:  # a grid from view(): the root creates (one owner, one guard sequence)
-            return root._create_families(dims_list, view or self._view_name, strategy, tag, kwargs, call, bound_s)
+            return root._create_families(dims_list, view or self._core.view_name, strategy, tag, kwargs, call, bound_s)
         tag = check_tag(tag)
         kwargs = dict(kwargs)
         scope = resolve_scope(kwargs.pop("within", None), kwargs.pop("across", None))
@@ -309,7 +299,7 @@ class GuardedCreation(GridFacet):
                 family = scoped(family, scope)
                 layout, ordered = hierarchical_family(layout, ordered, scope, per_node)
             key = tagged(family, tag)
-            if key in self._pgs:
+            if key in self._core.registry.groups:
                 what = "" if tag is None else f" with tag {tag!r}"
                 raise GroupExistsError(
                     f"Process group {shown(dims)}{for_view(key)}{what} has already been created on this grid "
@@ -319,7 +309,7 @@ class GuardedCreation(GridFacet):
             guarded.append((key, *base))
         if not (dist.is_available() and dist.is_initialized()):
             for key, layout, ordered in plans:
-                self._pgs[key] = create_uninitialized(
+                self._core.registry.groups[key] = create_uninitialized(
                     chosen, layout.rank_enum(ordered), {**options, "backend": backend}
                 )
             return self._created(plans, per_node)
@@ -364,7 +354,7 @@ class GuardedCreation(GridFacet):
                 return create_family(chosen, rank_enum, mine, {**options, "backend": backend}, bound_s=bound)
 
             try:
-                self._pgs[key] = self._keep(sharing, shared, key, create, backend, tag, options)
+                self._core.registry.groups[key] = self._keep(sharing, shared, key, create, backend, tag, options)
             except HyperGridError:
                 raise
             except RuntimeError as error:  # torch: a peer died or hung while the groups were made
@@ -374,16 +364,16 @@ class GuardedCreation(GridFacet):
                 participants, prefix = round_of
                 raise creation_failed(
                     error, repr(guard_key(key)), f"{prefix}/commit", participants, started, self.guard_timeout_s,
-                    self._guard_ledger,
+                    self._core.guard_ledger,
                 ) from error  # fmt: skip
         # Every participant must have its groups before any goes on (a death there fails them all alike).
         what = repr(guard_key(plans[0][0])) if len(plans) == 1 else f"{len(plans)} families"
         for participants, prefix in dict.fromkeys((tuple(r[0]), r[1]) for r in rounds if r is not None):
-            settle(f"{prefix}/commit", participants, started, self.guard_timeout_s, what, self._guard_ledger)
+            settle(f"{prefix}/commit", participants, started, self.guard_timeout_s, what, self._core.guard_ledger)
         return self._created(plans, per_node)
 
     def _created(self, plans: Sequence[Plan], per_node: int | None) -> dict[PgKey, dist.ProcessGroup | None]:
         """Remember how each new family enumerates (and a half's node size); the caller's group of each."""
         for key, layout, ordered in plans:
-            self._families[key] = (layout, ordered, per_node)
-        return {key: member_or_none(self._pgs[key]) for key, _, _ in plans}
+            self._core.registry.families[key] = (layout, ordered, per_node)
+        return {key: member_or_none(self._core.registry.groups[key]) for key, _, _ in plans}

@@ -34,6 +34,9 @@ from hypergrid.layout.shrink import ShrinkPlan, check_policy
 from hypergrid.validation import check_int, check_ints, refuse
 from hypergrid.values import check_timeout, shown
 
+if TYPE_CHECKING:
+    from hypergrid.grid.core import GridCore
+
 __all__ = ["Elastic", "Regrid", "check_spares"]
 
 _SHRINK = "shrink "
@@ -72,14 +75,11 @@ class Elastic(GridFacet):
     """Abort, shrink, spares and standby (a mixin of ``HyperCommGrid``)."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid
+        _core: GridCore
         spares: int
         share_groups: bool
         group_options: dict[str, Any]
         guard_progress_s: float
-        _root: Any
-        _views: dict[str, Any]
-        _families: dict[PgKey, Any]
-        _pool: Any
 
         @property
         def created_keys(self) -> list[PgKey]: ...
@@ -89,7 +89,9 @@ class Elastic(GridFacet):
     # -- abort ----------------------------------------------------------------
 
     def _held_groups(self) -> list[Any]:
-        return [entry.group for entry in self._root._pool.entries() if isinstance(entry.group, dist.ProcessGroup)]
+        return [
+            entry.group for entry in self._core.registry.pool.entries() if isinstance(entry.group, dist.ProcessGroup)
+        ]
 
     def abort(self) -> None:
         """Abort every group this grid (and its views) holds, on every backend, then forget them.
@@ -109,7 +111,7 @@ class Elastic(GridFacet):
             >>> dist.destroy_process_group()
         """
         abort_groups([group for group in self._held_groups() if group is not dist.GroupMember.WORLD])
-        self._root.destroy()
+        self._core.root.destroy()
 
     # -- shrink ---------------------------------------------------------------
 
@@ -121,7 +123,7 @@ class Elastic(GridFacet):
         named = [] if dead is None else check_ints("shrink", "dead", dead, 0, world - 1, limit=world, error=RankError)
         if rank in named:
             raise RankError(f"shrink: dead={shown(named)} names the calling rank {rank}; a survivor calls shrink")
-        if getattr(self._root, "_spares_released", False):  # released spares left: they are gone
+        if self._core.registry.spares_released:  # released spares left: they are gone
             named += range(world - self.spares, world)
         return world, sorted({int(gone) for gone in named})
 
@@ -134,7 +136,7 @@ class Elastic(GridFacet):
         if snapshots is not None:
             if not isinstance(snapshots, StepSnapshots):
                 raise refuse(call, "snapshots", snapshots, "a hypergrid.StepSnapshots or None", InvalidArgumentError)
-            if not any(_parse(key) == (None, (dim,), None, None) for key in self._root.created_keys):
+            if not any(_parse(key) == (None, (dim,), None, None) for key in self._core.root.created_keys):
                 raise InvalidArgumentError(
                     f"{call}: snapshots= needs the family over {dim!r} (a replica that lacks the agreed step gets it "
                     f"from its {dim!r} group), which this grid did not create; call create_pg({dim!r}) first"
@@ -220,8 +222,8 @@ class Elastic(GridFacet):
             GridSpecError: a registered view no longer divides the new grid.
             InvalidArgumentError: a ``within``/``across`` half no longer fits the new grid's nodes.
         """
-        if self._root is not self:  # a grid from view(): the root shrinks (it holds every family)
-            shrunk: Regrid = self._root.shrink(
+        if self._core.root is not self:  # a grid from view(): the root shrinks (it holds every family)
+            shrunk: Regrid = self._core.root.shrink(
                 dead, dim=dim, policy=policy, timeout_s=timeout_s, step=step, snapshots=snapshots
             )
             return shrunk
@@ -247,12 +249,12 @@ class Elastic(GridFacet):
 
     def _successor(self, plan: ShrinkPlan) -> Any:
         """The new grid (no group yet) with the old one's settings and views, for ``plan``."""
-        root = self._root
+        root = self._core.root
         new = type(root)(
             list(plan.shape), root.dim_names, plan.rank_offset, **{**root._init_kwargs(), "spares": plan.spares}
         )
         try:
-            for name, view in root._views.items():
+            for name, view in root._core.registry.views.items():
                 if name == "base":
                     continue
                 shape = list(view.shape)
@@ -260,14 +262,14 @@ class Elastic(GridFacet):
                     shape = self._shrunk_view_shape(name, view, plan)
                 new.register_view(name, shape, view.dim_names, view.shared_dims)
         except GridSpecError:
-            grid_ordinal(new._describe(), forget=new._ordinal)  # refused: as if this grid was never built
+            grid_ordinal(new._describe(), forget=new._core.ordinal)  # refused: as if this grid was never built
             raise
         return new
 
     def _shrunk_view_shape(self, name: str, view: Any, plan: ShrinkPlan) -> list[int]:
         """A view's shape once the grid lost slices of one dim: that dim (if the view has it) shrinks alike."""
-        (index,) = [i for i, (old, new) in enumerate(zip(self._root.shape, plan.shape)) if old != new]
-        dim, old, new = self._root.dim_names[index], self._root.shape[index], plan.shape[index]
+        (index,) = [i for i, (old, new) in enumerate(zip(self._core.root.shape, plan.shape)) if old != new]
+        dim, old, new = self._core.root.dim_names[index], self._core.root.shape[index], plan.shape[index]
         shape = list(view.shape)
         if dim not in view.dim_names or (shape[view.dim_names.index(dim)] * new) % old:
             raise GridSpecError(
@@ -279,14 +281,14 @@ class Elastic(GridFacet):
 
     def _family_list(self) -> list[Recreation]:
         """Every family the grid created, in order, with what ``_create_families`` needs to create it again."""
-        root = self._root
-        backend_of = {key: entry.backend for entry in root._pool.entries() for key in entry.holders}
+        root = self._core.root
+        backend_of = {key: entry.backend for entry in root._core.registry.pool.entries() for key in entry.holders}
         families = []
         for key in root.created_keys:
             view, dims, tag, scope = _parse(key)
             spec: dict[str, Any] = {"dims": list(dims), "view": view, "tag": tag, "kwargs": {}}
             if scope is not None:
-                spec["kwargs"] = {scope: "node", "ranks_per_node": root._families[key][2]}
+                spec["kwargs"] = {scope: "node", "ranks_per_node": root._core.registry.families[key][2]}
             if tag is not None and backend_of.get(key) is not None:
                 spec["kwargs"]["backend"] = backend_of[key]
             families.append((key, spec))
@@ -368,7 +370,7 @@ class Elastic(GridFacet):
             >>> from hypergrid import HyperCommGrid
             >>> HyperCommGrid([2], ["dp"]).release_spares()  # no spares: nothing to do
         """
-        self._root._spares_released = True
+        self._core.registry.spares_released = True
         if not self.spares:
             return
         self._require_initialized("release_spares")

@@ -178,7 +178,7 @@ class MeshSource:
 
     def spaces(self, first: str | None) -> list[Space]:
         """Every factorization of the grid's ranks: ``first`` (a view name), then the base, then the views."""
-        views = self.grid._views
+        views = self.grid._core.registry.views
         order = ([first] if first in views else []) + [name for name in views if name != first]
         return [(name, views[name].layout) for name in order]
 
@@ -203,7 +203,7 @@ class MeshSource:
         scheduled: set[PgKey] = set()
         for view, dims in families:
             key = grid._key(list(dims), view, None, None, None)
-            if key not in grid._pgs and key not in scheduled:
+            if key not in grid._core.registry.groups and key not in scheduled:
                 scheduled.add(key)
                 missing.setdefault(view, {})[key] = list(dims)
         for view, batch in missing.items():
@@ -214,7 +214,7 @@ class MeshSource:
         grid = self.grid
         self.create(families)
         keys = [grid._key(list(dims), view, None, None, None) for view, dims in families]
-        groups = [member_or_none(grid._pgs[key]) for key in keys]
+        groups = [member_or_none(grid._core.registry.groups[key]) for key in keys]
         if any(group is None for group in groups):
             raise RankError(
                 f"{call}: rank {dist.get_rank()} is outside the grid of shape {grid.shape} {grid.dim_names} "
@@ -314,7 +314,7 @@ class MeshSources:
     def __init__(self, grid: Any) -> None:
         self.grid = grid
         self.by_device: dict[str, MeshSource] = {}
-        grid._pool.on_release(self.released)
+        grid._core.registry.pool.on_release(self.released)
 
     def source(self, device_type: str) -> MeshSource:
         if not isinstance(device_type, str) or not device_type:

@@ -27,8 +27,7 @@ from hypergrid.validation import check_bool, check_int, refuse
 from hypergrid.values import shown
 
 if TYPE_CHECKING:
-    from hypergrid.binding.registry import PgKey
-    from hypergrid.layout import GridLayout
+    from hypergrid.grid.core import GridCore
 
 _LOG = logging.getLogger("hypergrid")
 
@@ -39,8 +38,7 @@ class NodeAwareness(GridFacet):
     """Node spans of families, the node-local ranks and group, placement reports (a mixin of ``HyperCommGrid``)."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
-        _root: Any
-        _families: dict[PgKey, tuple[GridLayout, tuple[str, ...], int | None]]
+        _core: GridCore
 
     def node_report(self, ranks_per_node: int | None = None) -> list[dict[str, Any]]:
         """For each family, how many nodes its groups span (``ranks_per_node`` from ``LOCAL_WORLD_SIZE``).
@@ -170,11 +168,11 @@ class NodeAwareness(GridFacet):
         check_live("placement_report")
         with peer_failures("placement_report"):
             dist.all_gather_object(gathered, mine)
-        root = self._root
+        root = self._core.root
         families = [
             (guard_key(key), layout.rank_enum_array(dims))
-            for key, (layout, dims, _) in root._families.items()
-            if key in root._registry
+            for key, (layout, dims, _) in root._core.registry.families.items()
+            if key in root._core.registry.groups
         ]
         report = build_report(
             [host for host, _ in gathered], [rank for _, rank in gathered], families, per_node, topology

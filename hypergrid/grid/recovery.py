@@ -185,7 +185,7 @@ class Recovery:
             store: Any = c10d._get_default_store()
             for dead in plan.dead:  # the dead cannot release their guard announcements themselves
                 store.delete_key(announce_key(dead))
-        grid._root._guard_ledger.dead.update(plan.dead)  # nor count themselves out of the grid's last commits
+        grid._core.root._core.guard_ledger.dead.update(plan.dead)  # nor count themselves out of the grid's last commits
         grid.abort()
         self.clock.lap("abort")
         number = self.epoch.number + 1

@@ -219,7 +219,7 @@ class CallLedger:
 
 def ledger_of(root: Any) -> CallLedger:
     """The `CallLedger` of a root grid (it holds one from its construction)."""
-    found: CallLedger = root._call_ledger
+    found: CallLedger = root._core.call_ledger
     return found
 
 
@@ -294,9 +294,9 @@ def compare_calls(
             distinct call and the ranks that made it), or the calls can never meet.
         RankFailure: a member is gone (the gather failed because of it).
     """
-    root = grid._root
+    root = grid._core.root
     ledger = ledger_of(root)
-    number = ledger.start(family, root._epoch)
+    number = ledger.start(family, root._core.epoch)
     if ledger.broken is not None:
         raise ledger.broken
     row = [dist.get_rank(), family_code(family), number, *fields]
@@ -343,4 +343,4 @@ def same_head(table: list[list[int]]) -> bool:
 
 
 def _families_of(root: Any) -> list[str]:
-    return [guard_key(key) for key in getattr(root, "_families", {})]
+    return [guard_key(key) for key in root._core.registry.families]

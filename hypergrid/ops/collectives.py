@@ -59,8 +59,6 @@ class Collectives(GridFacet):
         def _key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> Any: ...
         def _node_size_of(self, key: Any, given: object, half: object) -> int | None: ...
 
-        _root: Any
-
     def _compare_call(
         self,
         call: str,
@@ -72,7 +70,7 @@ class Collectives(GridFacet):
         pairing: Pairing | None = None,
     ) -> None:
         """With checked collectives on: create the family if needed and compare this call across the group."""
-        if self._root.check_collectives:
+        if self._core.root.check_collectives:
             group = self._member_pg(dims, call)
             family = guard_key(self._key(dims, None, None, None, None))
             fields = signature(call, tensor, op, extra, aux)
@@ -336,7 +334,7 @@ class Collectives(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         what, per_node = "hierarchical_all_reduce", {"ranks_per_node": ranks_per_node}
-        checking = self._root.check_collectives
+        checking = self._core.root.check_collectives
         if not checking:
             check_tensor(tensor, what, dense=True, written=True)
             check_reduce_op(op, what)

@@ -161,7 +161,6 @@ class Gradients(GridFacet):
     """Gradient averaging over a family (a mixin of ``HyperCommGrid``)."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.ops.collectives)
-        _root: Any
 
         def _compare_call(
             self, call: str, dims: Dims, tensor: object, op: object = None, extra: object = None, aux: Any = ()
@@ -211,12 +210,12 @@ class Gradients(GridFacet):
         try:
             buckets = gradient_buckets(_parameters(module_or_params), bucket_mb, members)  # every check first
         except HyperGridError as error:
-            if not self._root.check_collectives:
+            if not self._core.root.check_collectives:
                 raise
             # Compared all the same, so that the other members raise too instead of waiting: then raised here.
             self._compare_call("average_gradients", dims, None, aux=(-2, check_code(first_line(error))))
             raise
-        if self._root.check_collectives:
+        if self._core.root.check_collectives:
             self._compare_call("average_gradients", dims, None, aux=_layout_of(buckets))
         group = self._member_pg(dims, "average_gradients")
         size = dist.get_world_size(group)

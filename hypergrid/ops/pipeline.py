@@ -72,7 +72,6 @@ class Pipeline(GridFacet):
     """Previous / next ranks along a dim and point-to-point op lists (a mixin of ``HyperCommGrid``)."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.ops.collectives)
-        _root: Any
 
         def _compare_call(
             self,
@@ -237,7 +236,7 @@ class Pipeline(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         arguments = ("exchange", self.layout, dim, send_next, send_prev, recv_next, recv_prev)
-        checking = self._root.check_collectives
+        checking = self._core.root.check_collectives
         if not checking:
             _checked(*arguments)  # before any group is created
         self.layout._one_dim(dim)
