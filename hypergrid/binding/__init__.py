@@ -3,5 +3,5 @@
 The registry of worlds (``worldstate``: ``WORLDS``, each world's state), the creation
 strategies that call torch (``creation``), per-family options and tags
 (``options``), registry keys and entries (``registry``), and ``GridFacet``,
-the base every capability mixin of ``HyperCommGrid`` builds on (``facet``).
+the base every facet of ``HyperCommGrid`` builds on (``facet``).
 """

@@ -1,13 +1,9 @@
 """The registry of worlds (`WORLDS`): hypergrid's one module-level mutable object, and the world size hint.
 
-A *world* is one default process group. Everything this rank keeps for the
-current world is a field of its `WorldState` (the alarm's news and waiters,
-the members-only names creation gave, the guard's leftover rounds); a new
-default group gets a fresh one. The registry holds the agreement's `World`
-of each live default group (its watcher and store connections,
-``hypergrid.agreement.world``), and what outlives every world: the fence,
-the abandoned works and the aborted groups they need, how the world was
-formed, the grids' ordinals and the guard's failure count.
+A *world* is one default process group. What this rank keeps for the current
+world is in its `WorldState` (fresh for a new default group); the registry
+holds the ``World`` of each live default group (``hypergrid.agreement.world``)
+and what outlives every world.
 """
 
 from __future__ import annotations
@@ -29,12 +25,6 @@ __all__ = ["WORLDS", "WorldState", "Worlds", "held_group_count", "world_size_hin
 class WorldState:
     """What this rank keeps for one world: the current default group's, or "no world"'s before one exists.
 
-    Attributes:
-        alarm: the world's failure news, the grid waits to wake and the reporter (``hypergrid.binding.alarm``).
-        local_names: members-only groups made: (ranks, groups held then) -> torch's name (``creation``).
-        guard_leftovers: scope family -> prefixes of its failed rounds, whose keys are still stored (the guard).
-        guard_last_commits: scope family -> the prefix of its last passed commit (the guard).
-
     Examples:
         >>> state = WorldState()
         >>> state.alarm["news"], state.local_names
@@ -42,28 +32,15 @@ class WorldState:
     """
 
     def __init__(self) -> None:
+        # The alarm's (binding.alarm): the world's failure news, the grid waits to wake, the watcher's reporter.
         self.alarm: dict[str, Any] = {"news": None, "waiters": set(), "reporter": None}
-        self.local_names: dict[tuple[tuple[int, ...], int], str] = {}
-        self.guard_leftovers: dict[str, list[str]] = {}
-        self.guard_last_commits: dict[str, str] = {}
+        self.local_names: dict[tuple[tuple[int, ...], int], str] = {}  # creation: (ranks, groups held) -> name
+        self.guard_leftovers: dict[str, list[str]] = {}  # guard: scope family -> its failed rounds' prefixes
+        self.guard_last_commits: dict[str, str] = {}  # guard: scope family -> its last passed commit's prefix
 
 
 class Worlds:
     """The registry of worlds on this rank: each live default group's ``World``, the current world's `WorldState`.
-
-    Attributes:
-        live: id(default group) -> its ``World`` (``hypergrid.agreement.world``), until the group is released.
-        lock: held while a world is made or registered (``hypergrid.agreement.world``).
-        alarm_lock: the alarm's (``hypergrid.binding.alarm``).
-        fence: why this rank was fenced (declared dead by the others), for good; None until then.
-        store_lost: torch's error that showed the job's store gone; None until then.
-        abandoned: works a grid wait gave up on (the world failed first) that torch's threads still run.
-        graveyard: aborted groups kept alive while an abandoned work runs (``binding.failures``).
-        formed: how hypergrid formed the current default group (``binding.reform``): its group (a weak
-            reference) and epoch, and the backend and timeout of the world it tore down.
-        grid_ordinals: grid description -> grids of it built in this process (the guard's rounds).
-        guard_failures: guard rounds that failed in this process, on any grid.
-        exit_registered: the ``atexit`` handler that closes every world is registered.
 
     Examples:
         >>> registry = Worlds()
@@ -72,22 +49,22 @@ class Worlds:
     """
 
     def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.live: dict[int, Any] = {}
+        self.lock = threading.RLock()  # held while a world is made or registered (agreement.world)
+        self.live: dict[int, Any] = {}  # id(default group) -> its World, until the group is released
         self.alarm_lock = threading.Lock()
+        # What outlives every world: why this rank was fenced; torch's error that showed the store gone;
+        # works a grid wait gave up on that torch still runs, and the aborted groups they need (binding.failures).
         self.fence: str | None = None
         self.store_lost: BaseException | None = None
         self.abandoned: list[Any] = []
         self.graveyard: list[Any] = []
-        self.formed: dict[str, Any] = {
-            "world": None,
-            "epoch": None,
-            "backend": "gloo",
-            "timeout": datetime.timedelta(minutes=30),
-        }
+        # How hypergrid formed the default group (binding.reform): its group (weakly) and epoch, the torn-down
+        # world's backend and timeout; grids built per description, guard rounds failed (agreement.guard).
+        self.formed: dict[str, Any] = {"world": None, "epoch": None, "backend": "gloo"}
+        self.formed["timeout"] = datetime.timedelta(minutes=30)
         self.grid_ordinals: dict[str, int] = {}
         self.guard_failures = 0
-        self.exit_registered = False
+        self.exit_registered = False  # the atexit handler that closes every world
         self._group: weakref.ref[Any] | None = None  # None: the state belongs to "no world"
         self._state = WorldState()
         self._state_lock = threading.Lock()

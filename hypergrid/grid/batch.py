@@ -19,11 +19,9 @@ from hypergrid.agreement.guard import (
     agree,
     creation_failed,
     grid_scope,
-    guard_failures,
     settle,
 )
 from hypergrid.agreement.world import ensure_watching
-from hypergrid.binding import alarm
 from hypergrid.binding.creation import check_can_split, check_creatable, check_strategy, create_family
 from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import check_live
@@ -36,10 +34,9 @@ from hypergrid.errors import (
     GroupExistsError,
     GuardTimeoutError,
     HyperGridError,
-    InvalidArgumentError,
-    UnexpectedArgumentError,
 )
-from hypergrid.grid.settings import describe, init_kwargs, settings
+from hypergrid.grid.core import check_fits
+from hypergrid.grid.settings import settings
 from hypergrid.grid.views import BASE_VIEW
 from hypergrid.layout import Dims, GridLayout
 from hypergrid.layout.hierarchy import hierarchical_family, node_size, resolve_scope
@@ -47,7 +44,6 @@ from hypergrid.values import shown
 
 if TYPE_CHECKING:
     from hypergrid.grid.core import GridCore
-    from hypergrid.grid.views import RankView
 
 __all__ = ["GuardedCreation"]
 
@@ -60,44 +56,6 @@ class GuardedCreation(GridFacet):
 
     if TYPE_CHECKING:  # provided by HyperCommGrid
         _core: GridCore
-        guard_progress_s: float
-
-        group_options: dict[str, Any]
-
-        def _family(self, dims: Dims, view: str | None) -> tuple[PgKey, GridLayout, RankView]: ...
-        def _check_fits(self, world: int | None) -> None: ...
-        def _shared(self, *args: Any) -> tuple[Any, Any]: ...
-        def _keep(self, *args: Any) -> Any: ...
-
-    def _stale_epoch(self) -> bool:
-        """Whether a guard round failed in this process (on any grid) since this grid's epoch began; now noted.
-
-        ``_resync`` is the latest epoch another rank was seen in, by a guard
-        error on this grid: ``destroy()`` starts the epoch after it.
-        """
-        seen, self._core.failures_seen = self._core.failures_seen, guard_failures()
-        return seen < self._core.failures_seen
-
-    def _key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> PgKey:
-        """The registry key of a family (or of one half of its hierarchy), with ``tag``; never on a fenced rank."""
-        family, checked = self._family(dims, view)[0], check_tag(tag)  # argument errors first
-        alarm.check_fence("pg" if checked is None else f"pg(tag={checked!r})")
-        return tagged(scoped(family, resolve_scope(within, across)), checked)
-
-    def _node_size_of(self, key: PgKey | None, given: object, half: object) -> int | None:
-        """The node size the half ``key`` was cut with; refuses a ``given`` one that differs or has no ``half``."""
-        if given is not None and half is None:
-            raise UnexpectedArgumentError(
-                f"ranks_per_node={shown(given)} without within= or across=; it sets the node size of a hierarchy's "
-                "half only"
-            )
-        stored: int | None = self._core.registry.families.get(key, (None, None, None))[2]  # type: ignore[arg-type]
-        if given is not None and stored is not None and node_size(given) != stored:  # type: ignore[arg-type]
-            raise InvalidArgumentError(
-                f"{key!r} was created with ranks_per_node={stored}, not {shown(given)}: a half is cut once; destroy() "
-                "the grid's groups to cut it again"
-            )
-        return stored
 
     def _batch(self, dims_list: object, view: str | None) -> list[Dims]:
         """The families of ``dims_list`` in canonical order (fewest dims first); refuses empty lists and repeats."""
@@ -111,7 +69,7 @@ class GuardedCreation(GridFacet):
         seen: dict[PgKey, Dims] = {}
         order: dict[PgKey, tuple[int, int]] = {}
         for dims in dims_list:
-            key, _, spec = self._family(dims, view)
+            key, _, spec = self._core.family(dims, view)
             if key in seen:
                 raise DimsError(
                     f"create_pgs got {shown(seen[key])} and {shown(dims)}, which name the same family {key!r}; "
@@ -121,19 +79,6 @@ class GuardedCreation(GridFacet):
             mask = sum(1 << index for index in spec.layout.dim_indices(dims))
             order[key] = (bin(mask).count("1"), mask)
         return [seen[key] for key in sorted(seen, key=lambda key: order[key])]
-
-    def _describe(self) -> str:
-        """The grid in a few characters (`hypergrid.grid.settings.describe`)."""
-        return describe(self.dim_names, self.shape, self.rank_offset, self.backend)
-
-    def _init_kwargs(self) -> dict[str, Any]:
-        """Every constructor argument but the shape, names and offset, as the root grid holds it.
-
-        Read from the constructor's signature, like `_settings`: a grid built
-        from another (a view, a successor after ``shrink``) keeps every setting,
-        including one added later.
-        """
-        return init_kwargs(self._core.root)
 
     def _settings(self) -> tuple[tuple[str, str], ...]:
         """Every constructor setting of the grid, as (name, text): derived from the signature, so none is forgotten."""
@@ -162,7 +107,7 @@ class GuardedCreation(GridFacet):
         if not self.guard:
             return []
         rounds: list[tuple[Sequence[int], Any, Sequence[Plan]]] = []
-        describe = self._describe()
+        describe = self._core.describe()
         if strategy == "local":
             if member is None:
                 return []  # outside the grid: this rank creates nothing and takes part in nothing
@@ -252,7 +197,7 @@ class GuardedCreation(GridFacet):
         """
         ordered = self._batch(dims_list, view)
         groups = self._create_families(ordered, view, strategy, tag, kwargs, "create_pgs").values()
-        layout = self._family(ordered[0], view)[2].layout
+        layout = self._core.family(ordered[0], view)[2].layout
         scope = resolve_scope(kwargs.get("within"), kwargs.get("across"))
         return {tagged(scoped(layout.key(dims), scope), check_tag(tag)): group for dims, group in zip(ordered, groups)}
 
@@ -281,7 +226,7 @@ class GuardedCreation(GridFacet):
         kwargs = dict(kwargs)
         scope = resolve_scope(kwargs.pop("within", None), kwargs.pop("across", None))
         per_node = kwargs.pop("ranks_per_node", None)
-        self._node_size_of(None, per_node, scope)  # refuses a node size without a half
+        self._core.node_size_of(None, per_node, scope)  # refuses a node size without a half
         if scope is not None:
             per_node = node_size(per_node)  # once per batch (LOCAL_WORLD_SIZE when not given)
         backend, options = family_options(kwargs, self.group_options, self.backend, tag)
@@ -290,7 +235,7 @@ class GuardedCreation(GridFacet):
         guarded: list[Plan] = []  # the unsplit families: "local" agrees over their groups, whatever the node size
         views: dict[str, str] = {}  # every registered view the batch enumerates, as the guard compares it
         for dims in dims_list:
-            family, layout, spec = self._family(dims, view)
+            family, layout, spec = self._core.family(dims, view)
             if spec.name != BASE_VIEW:
                 views[spec.name] = f"{spec.name}: shape {spec.shape} over {spec.dim_names}, shared {spec.shared_dims}"
             ordered = spec.layout.canonical_dims(dims)
@@ -315,7 +260,7 @@ class GuardedCreation(GridFacet):
             return self._created(plans, per_node)
         check_live(call)  # a fenced rank, or a world that failed, creates nothing
         world = dist.get_world_size()
-        self._check_fits(world)
+        check_fits(self, world)
         ensure_watching()  # this rank answers the world's roll calls from now on (agreement.world)
         if chosen == "split":
             check_can_split(backend)
@@ -326,7 +271,7 @@ class GuardedCreation(GridFacet):
         local = chosen == "local" and self.layout.contains(rank)
         # Which groups this rank would share (held by which key) or create: part of the request, so a rank
         # that released a group on its own cannot create it while the others share theirs.
-        shares = [self._shared(layout, ordered, key, backend, options, tag) for key, layout, ordered in plans]
+        shares = [self._core.shared(layout, ordered, key, backend, options, tag) for key, layout, ordered in plans]
         reuses = tuple("" if entry is None else guard_key(next(iter(entry.holders))) for _, entry in shares)
         # Only a members-only creation that makes a new group depends on how many groups this rank holds.
         new = local and any(entry is None for _, entry in shares)
@@ -347,14 +292,14 @@ class GuardedCreation(GridFacet):
         for index, (key, layout, ordered) in enumerate(plans):
             my_ranks = layout.group_ranks(ordered, rank) if local else None
             # Again, now: a family of this batch may share the group an earlier one just made.
-            sharing, shared = self._shared(layout, ordered, key, backend, options, tag)
+            sharing, shared = self._core.shared(layout, ordered, key, backend, options, tag)
 
             def create(layout: GridLayout = layout, ordered: Sequence[str] = ordered, mine: Any = my_ranks) -> Any:
                 rank_enum = None if chosen == "local" else layout.rank_enum(ordered)
                 return create_family(chosen, rank_enum, mine, {**options, "backend": backend}, bound_s=bound)
 
             try:
-                self._core.registry.groups[key] = self._keep(sharing, shared, key, create, backend, tag, options)
+                self._core.registry.groups[key] = self._core.keep(sharing, shared, key, create, backend, tag, options)
             except HyperGridError:
                 raise
             except RuntimeError as error:  # torch: a peer died or hung while the groups were made

@@ -76,15 +76,10 @@ class Elastic(GridFacet):
 
     if TYPE_CHECKING:  # provided by HyperCommGrid
         _core: GridCore
-        spares: int
-        share_groups: bool
-        group_options: dict[str, Any]
-        guard_progress_s: float
 
         @property
         def created_keys(self) -> list[PgKey]: ...
         def destroy(self) -> None: ...
-        def _describe(self) -> str: ...
 
     # -- abort ----------------------------------------------------------------
 
@@ -235,7 +230,7 @@ class Elastic(GridFacet):
         recovery = Recovery(self, current_epoch(), world, timeout, checked_step, snapshots)
         families = self._family_list()
         known = recovery.known_dead(named)
-        proposal = Proposal(tuple(known), policy, dim, families_digest(families, self._describe()))
+        proposal = Proposal(tuple(known), policy, dim, families_digest(families, self._core.describe()))
         regrid: Regrid = self._recover(recovery, proposal, families)
         return regrid
 
@@ -251,7 +246,7 @@ class Elastic(GridFacet):
         """The new grid (no group yet) with the old one's settings and views, for ``plan``."""
         root = self._core.root
         new = type(root)(
-            list(plan.shape), root.dim_names, plan.rank_offset, **{**root._init_kwargs(), "spares": plan.spares}
+            list(plan.shape), root.dim_names, plan.rank_offset, **{**root._core.init_kwargs(), "spares": plan.spares}
         )
         try:
             for name, view in root._core.registry.views.items():
@@ -262,7 +257,7 @@ class Elastic(GridFacet):
                     shape = self._shrunk_view_shape(name, view, plan)
                 new.register_view(name, shape, view.dim_names, view.shared_dims)
         except GridSpecError:
-            grid_ordinal(new._describe(), forget=new._core.ordinal)  # refused: as if this grid was never built
+            grid_ordinal(new._core.describe(), forget=new._core.ordinal)  # refused: as if this grid was never built
             raise
         return new
 
@@ -303,7 +298,7 @@ class Elastic(GridFacet):
         guard, self.guard = self.guard, False
         try:
             for _, spec in families:
-                self._create_families(  # type: ignore[attr-defined]
+                self._core.create_families(
                     [spec["dims"]], spec["view"], None, spec["tag"], dict(spec["kwargs"]), "shrink", bound_s=bound_s
                 )
         finally:

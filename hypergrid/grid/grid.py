@@ -18,10 +18,10 @@ from hypergrid.binding.creation import check_strategy
 from hypergrid.binding.options import check_group_options, normalize_backend, refuse_keywords
 from hypergrid.binding.registry import PgKey, for_view, member_or_none
 from hypergrid.binding.worldstate import world_size_hint
-from hypergrid.errors import GridTooLargeError, GroupNotFoundError
+from hypergrid.errors import GroupNotFoundError
 from hypergrid.grid.batch import GuardedCreation
 from hypergrid.grid.communicators import Communicators
-from hypergrid.grid.core import GridCore, RankView
+from hypergrid.grid.core import GridCore, RankView, check_fits
 from hypergrid.grid.elastic import Elastic, check_spares
 from hypergrid.grid.getters import CoordinateGetters
 from hypergrid.grid.mesh import MeshExport
@@ -141,10 +141,10 @@ class HyperCommGrid(
         self.share_groups = check_bool("HyperCommGrid", "share_groups", share_groups)
         self.group_options = check_group_options(group_options)
         self.check_collectives = check_collectives_flag(check_collectives)
-        self._check_fits(world)
+        check_fits(self, world)
         self.spares = check_spares(spares, world, self.rank_offset + self.size)
         # All of the grid's state: its registry (shared with its views), views, pool and guard ledgers.
-        self._core = GridCore(self, self.layout, self._describe())
+        self._core = GridCore(self, self.layout)
 
     @property
     def _pgs(self) -> dict[PgKey, Any]:
@@ -169,16 +169,6 @@ class HyperCommGrid(
             f"rank_offset={self.rank_offset}, backend={shown(self.backend)}, groups={self.created_keys})"
         )
 
-    # -- checks -------------------------------------------------------------
-
-    def _check_fits(self, world: int | None) -> None:
-        if world is not None and self.rank_offset + self.size > world:
-            raise GridTooLargeError(
-                f"Grid shape {self.shape} is over sized with world size {world} and rank offset "
-                f"{self.rank_offset}: its {self.size} ranks with rank_offset {self.rank_offset} need ranks up to "
-                f"{self.rank_offset + self.size - 1}, but the world has {world} ranks (0..{world - 1})"
-            )
-
     # -- groups -------------------------------------------------------------
 
     def get_rank_enum(self, dims: Dims, *, view: str | None = None) -> list[list[int]]:
@@ -196,7 +186,7 @@ class HyperCommGrid(
             >>> HyperCommGrid([2, 2, 2], ["a", "b", "c"]).get_rank_enum(["b", "a"])
             [[0, 1, 2, 3], [4, 5, 6, 7]]
         """
-        _, _, spec = self._family(dims, view)
+        _, _, spec = self._core.family(dims, view)
         return spec.layout.rank_enum(dims)
 
     def create_pg(
@@ -271,7 +261,7 @@ class HyperCommGrid(
             >>> grid.destroy()
             >>> dist.destroy_process_group()
         """
-        return next(iter(self._create_families([dims], view, strategy, tag, kwargs, "create_pg").values()))
+        return next(iter(self._core.create_families([dims], view, strategy, tag, kwargs, "create_pg").values()))
 
     def pg(
         self,
@@ -302,9 +292,9 @@ class HyperCommGrid(
             True
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        key = self._key(dims, view, tag, within, across)
+        key = self._core.key(dims, view, tag, within, across)
         if key in self._core.registry.groups:
-            self._node_size_of(key, kwargs.get("ranks_per_node"), within or across)
+            self._core.node_size_of(key, kwargs.get("ranks_per_node"), within or across)
             return member_or_none(self._core.registry.groups[key])
         return self.create_pg(dims, view=view, tag=tag, within=within, across=across, **kwargs)
 
@@ -338,7 +328,7 @@ class HyperCommGrid(
             hypergrid.errors.GroupNotFoundError: get_pg: Process group for 'tp' hasn't been created ...
         """
         refuse_keywords("get_pg", kwargs, "creation options (ranks_per_node, timeout, ...) go to pg() or create_pg()")
-        key = self._key(dims, view, tag, within, across)
+        key = self._core.key(dims, view, tag, within, across)
         if key not in self._core.registry.groups:
             what = f"for {shown(key)}" if isinstance(key, str) else f"{shown(dims)}{for_view(key)}"
             given = ", ".join(
@@ -358,7 +348,7 @@ class HyperCommGrid(
         For a grid returned by ``view()``: its own families, as canonical
         strings of its dims (shared families included).
         """
-        return self._view_keys(own_only=False)
+        return self._core.view_keys(own_only=False)
 
     def destroy(self) -> None:
         """Release this grid's families on the calling rank; destroy the groups nothing else holds.
@@ -378,9 +368,9 @@ class HyperCommGrid(
         ``None`` and ``NON_GROUP_MEMBER``.
         """
         self._core.guard_ledger.release()
-        mine = self._view_keys(own_only=True)
+        mine = self._core.view_keys(own_only=True)
         freed = self._core.registry.pool.release_registry(self._core.registry.groups, mine)
-        if self._core.root is self and (self._stale_epoch() or self._core.creations or mine):
+        if self._core.root is self and (self._core.stale_epoch() or self._core.creations or mine):
             self._core.epoch, self._core.creations = max(self._core.epoch, self._core.resync) + 1, 0
         for group in freed:
             # torch no longer knows this group (destroyed elsewhere), or it is no group of this world.

@@ -202,7 +202,7 @@ class MeshSource:
         missing: dict[str, dict[PgKey, list[str]]] = {}
         scheduled: set[PgKey] = set()
         for view, dims in families:
-            key = grid._key(list(dims), view, None, None, None)
+            key = grid._core.key(list(dims), view, None, None, None)
             if key not in grid._core.registry.groups and key not in scheduled:
                 scheduled.add(key)
                 missing.setdefault(view, {})[key] = list(dims)
@@ -213,7 +213,7 @@ class MeshSource:
         """The caller's group of each family, created on first use (every rank creates before any refuses)."""
         grid = self.grid
         self.create(families)
-        keys = [grid._key(list(dims), view, None, None, None) for view, dims in families]
+        keys = [grid._core.key(list(dims), view, None, None, None) for view, dims in families]
         groups = [member_or_none(grid._core.registry.groups[key]) for key in keys]
         if any(group is None for group in groups):
             raise RankError(

@@ -15,7 +15,6 @@ from hypergrid.values import shown
 DEVICE_TYPE = r"[a-z][a-z0-9_]{0,31}"
 
 if TYPE_CHECKING:
-    from hypergrid.grid.core import GridCore
     from hypergrid.grid.gridmesh import MeshSources
 
 __all__ = ["MeshExport"]
@@ -23,9 +22,6 @@ __all__ = ["MeshExport"]
 
 class MeshExport(GridFacet):
     """Export to ``torch.distributed.device_mesh.DeviceMesh`` (a mixin of ``HyperCommGrid``)."""
-
-    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
-        _core: GridCore
 
     def _mesh_sources(self) -> MeshSources:
         """The root grid's meshes (created on the first export; ``destroy`` forgets what it releases)."""

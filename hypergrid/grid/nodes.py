@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
@@ -26,9 +26,6 @@ from hypergrid.layout.hierarchy import node_size as _ranks_per_node
 from hypergrid.validation import check_bool, check_int, refuse
 from hypergrid.values import shown
 
-if TYPE_CHECKING:
-    from hypergrid.grid.core import GridCore
-
 _LOG = logging.getLogger("hypergrid")
 
 __all__ = ["NodeAwareness"]
@@ -36,9 +33,6 @@ __all__ = ["NodeAwareness"]
 
 class NodeAwareness(GridFacet):
     """Node spans of families, the node-local ranks and group, placement reports (a mixin of ``HyperCommGrid``)."""
-
-    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
-        _core: GridCore
 
     def node_report(self, ranks_per_node: int | None = None) -> list[dict[str, Any]]:
         """For each family, how many nodes its groups span (``ranks_per_node`` from ``LOCAL_WORLD_SIZE``).

@@ -157,7 +157,7 @@ class Recovery:
         plan = plan_shrink(grid.layout, self.world, grid.spares, dead, dim, policy)
         successor = grid._successor(plan)  # views checked here
         for _, spec in families:
-            _, layout, view = successor._family(spec["dims"], spec["view"])
+            _, layout, view = successor._core.family(spec["dims"], spec["view"])
             scope = next((half for half in ("within", "across") if half in spec["kwargs"]), None)
             if scope is not None:  # a half that no longer fits is refused now, not after the teardown
                 ordered = view.layout.canonical_dims(spec["dims"])

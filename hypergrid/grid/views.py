@@ -19,10 +19,9 @@ import numpy as np
 
 from hypergrid.agreement.guard import grid_ordinal
 from hypergrid.binding.facet import GridFacet
-from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, tagged, untagged
-from hypergrid.errors import DimsError, GridSpecError, InvalidArgumentError, ViewNotFoundError
+from hypergrid.errors import GridSpecError
 from hypergrid.grid.core import BASE_VIEW, RankView
-from hypergrid.layout import KEY_SEPARATOR, MAX_WORLD_SIZE, Dims, GridLayout
+from hypergrid.layout import MAX_WORLD_SIZE, GridLayout
 from hypergrid.values import as_int, is_int, shown
 
 if TYPE_CHECKING:
@@ -31,14 +30,6 @@ if TYPE_CHECKING:
     from hypergrid.grid.core import GridCore
 
 __all__ = ["BASE_VIEW", "RankView", "Views"]
-
-
-def _names_of(dims: Dims) -> list[object]:
-    if isinstance(dims, str):
-        return list(dims.split(KEY_SEPARATOR))
-    if isinstance(dims, (list, tuple)):
-        return list(dims)
-    return [dims]
 
 
 def _check_sequences(shape: object, dim_names: object, shared_dims: object) -> None:
@@ -115,11 +106,6 @@ class Views(GridFacet):
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid.grid)
         _core: GridCore
-        share_groups: bool
-        group_options: dict[str, Any]
-
-        def _describe(self) -> str: ...
-        def _init_kwargs(self) -> dict[str, Any]: ...
 
         def __init__(
             self,
@@ -243,58 +229,10 @@ class Views(GridFacet):
 
     # -- registry keys --------------------------------------------------------
 
-    def _rank_view(self, view: str | None) -> RankView:
-        name = self._core.view_name if view is None else view
-        views = self._core.registry.views
-        if not isinstance(name, str):
-            raise InvalidArgumentError(f"view={shown(view)}: expected None or a registered view's name {sorted(views)}")
-        if name not in views:
-            raise ViewNotFoundError(f"View {shown(name)} is not registered. Registered views: {sorted(views)}")
-        return views[name]
-
-    def _family(self, dims: Dims, view: str | None) -> tuple[PgKey, GridLayout, RankView]:
-        """The registry key of a family, the layout that enumerates it, and its view."""
-        spec = self._rank_view(view)
-        for dim in _names_of(dims):
-            if isinstance(dim, str) and dim and dim not in spec.dim_names:
-                where = (
-                    f"view {shown(spec.name)} with" if len(self._core.registry.views) > 1 else "the grid's"
-                )  # no views made
-                raise DimsError(f"{shown(dim)} is not in {where} dim_names {spec.dim_names} (in dims {shown(dims)})")
-        ordered = spec.layout.canonical_dims(dims)
-        if spec.name == BASE_VIEW:
-            return KEY_SEPARATOR.join(ordered), spec.layout, spec
-        if set(ordered) <= set(spec.shared_dims):
-            base = self._core.root.layout
-            return base.key(list(ordered)), base, spec
-        return (spec.name, ordered), spec.layout, spec
-
-    def _view_keys(self, own_only: bool) -> list[PgKey]:
-        """Registry keys of this grid's families: all of them on a root grid.
-
-        On a grid returned by ``view()``: with ``own_only``, the registry keys of
-        its private families (what its ``destroy`` may tear down); otherwise its
-        created families as canonical strings of its dims, shared ones included.
-        """
-        registry = self._core.registry.groups
-        if self._core.root is self:
-            return list(registry)
-        shared = set(self.shared_dims)
-        keys: list[PgKey] = []
-        for key in registry:
-            family, tag = untagged(key)
-            if isinstance(family, tuple) and family[0] == self._core.view_name:
-                keys.append(key if own_only else tagged(KEY_SEPARATOR.join(family[1]), tag))
-            elif not own_only and isinstance(family, str):
-                base, separator, half = family.partition(SCOPE_SEPARATOR)  # "dp|within=node": a hierarchy's half
-                if set(base.split(KEY_SEPARATOR)) <= shared:
-                    keys.append(tagged(self.layout.key(base) + separator + half, tag))
-        return keys
-
     def _bound_view(self, name: str) -> Self:
         root: Self = self._core.root
         spec = root._core.registry.views[name]
-        bound = type(root)(spec.shape, spec.dim_names, root.rank_offset, **root._init_kwargs())
+        bound = type(root)(spec.shape, spec.dim_names, root.rank_offset, **root._core.init_kwargs())
         bound._core.bind(root, name)
-        grid_ordinal(bound._describe(), forget=bound._core.ordinal)  # a view creates through its root only
+        grid_ordinal(bound._core.describe(), forget=bound._core.ordinal)  # a view creates through its root only
         return bound

@@ -217,6 +217,24 @@ class CallLedger:
         return number
 
 
+def compare_call(
+    grid: Any,
+    call: str,
+    dims: Any,
+    tensor: object,
+    op: object = None,
+    extra: object = None,
+    aux: Sequence[int] = (),
+    pairing: Pairing | None = None,
+) -> None:
+    """With checked collectives on: create the family if needed and compare this call across the group."""
+    if grid._core.root.check_collectives:
+        group = grid._member_pg(dims, call)
+        family = guard_key(grid._core.key(dims, None, None, None, None))
+        fields = signature(call, tensor, op, extra, aux)
+        compare_calls(grid, family, [(group, family)], fields, tensor, call, dims, pairing)
+
+
 def ledger_of(root: Any) -> CallLedger:
     """The `CallLedger` of a root grid (it holds one from its construction)."""
     found: CallLedger = root._core.call_ledger

@@ -86,12 +86,12 @@ def namespace(root: Any) -> str:
     Examples:
         >>> from types import SimpleNamespace
         >>> class Grid:
-        ...     _core = SimpleNamespace(ordinal=0, epoch=2)
-        ...     def _describe(self): return "tp2-dp2"
+        ...     _core = SimpleNamespace(ordinal=0, epoch=2, describe=lambda: "tp2-dp2")
         >>> namespace(Grid()).endswith("/e2")
         True
     """
-    digest = hashlib.sha1(f"{root._core.ordinal}:{root._describe()}".encode(), usedforsecurity=False).hexdigest()[:16]
+    text = f"{root._core.ordinal}:{root._core.describe()}"
+    digest = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:16]
     return f"hypergrid/checked/{digest}/e{root._core.epoch}"
 
 
