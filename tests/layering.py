@@ -46,7 +46,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer("binding", ("binding",), False, "torch plumbing: world state, creation strategies, options, keys, GridFacet"),
     Layer("agreement", ("agreement",), False, "the store protocol: requests, the O(1) round, the guard"),
     Layer("ops", ("ops",), False, "what runs on created groups: collectives, pipeline helpers, autograd mappings"),
-    Layer("grid", ("grid",), False, "HyperCommGrid: the registry, batch creation, views, getters, nodes, mesh"),
+    Layer("grid", ("grid",), False, "HyperCommGrid: the front, its typed core (GridCore) and the facets"),
     Layer("topology", ("topology",), False, "the planner: price each order of the dims on a cluster's tiers"),
     Layer("compat", ("compat",), False, "drop-in adapters: Megatron-Core, DeepSpeed, MPU getters"),
     Layer("cli", ("cli",), False, "python -m hypergrid show | plan | demo"),
@@ -183,6 +183,92 @@ def adapter_private_uses() -> list[str]:
             if isinstance(node, ast.Attribute) and node.attr in private and not _on_self(node):
                 found.append(f"hypergrid.{name}:{node.lineno} .{node.attr}")
     return found
+
+
+# The grid's core: the only state of a grid, and the declared interface every facet uses (hypergrid/grid/core.py).
+CORE_MODULE, CORE_CLASSES = "grid.core", ("GridCore", "Registry")
+# What a facet may use of the grid beyond its own class: GridFacet's members (hypergrid/binding/facet.py).
+FACET_BASE = "binding.facet"
+
+
+def facet_modules() -> list[str]:
+    """The modules that define a ``GridFacet`` subclass (the capability modules of ``HyperCommGrid``)."""
+    found = []
+    for name, path in modules().items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and any(_base_name(base) == "GridFacet" for base in node.bases):
+                found.append(name)
+                break
+    return found
+
+
+def _base_name(node: ast.expr) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def declared(module: str, classes: tuple[str, ...] | None = None) -> set[str]:
+    """The members of ``module``'s classes (all, or ``classes``): methods, fields and ``self.x`` attributes.
+
+    Stubs under ``if TYPE_CHECKING:`` declare nothing: they are what another class provides.
+    """
+    names: set[str] = set()
+    for node in ast.parse(modules()[module].read_text()).body:
+        if isinstance(node, ast.ClassDef) and (classes is None or node.name in classes):
+            names |= _members(node)
+    return names
+
+
+def _members(node: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for item in ast.iter_child_nodes(node):
+        if isinstance(item, ast.If) and "TYPE_CHECKING" in ast.dump(item.test):
+            continue
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(item.name)
+        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            names.add(item.target.id)
+        elif isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store) and _on_self(item):
+            names.add(item.attr)
+        names |= _members(item)
+    return names
+
+
+def facet_coupling() -> list[str]:
+    """Where a facet reaches past the core's declared interface: ``module:line what``.
+
+    A facet may use its own members, ``GridFacet``'s, and through ``._core``
+    only what ``GridCore`` and its ``Registry`` declare; it never uses another
+    facet's (or the front's) private member, and stores no private attribute of
+    its own (a facet holds no state).
+    """
+    core = declared(CORE_MODULE, CORE_CLASSES)
+    base = declared(FACET_BASE) | {"_core"}  # the core itself, declared (typed) on GridFacet
+    facets = facet_modules()
+    grid_private = {name for module in [*facets, "grid.grid"] for name in declared(module) if name.startswith("_")}
+    found = []
+    for name in facets:
+        tree = ast.parse(modules()[name].read_text())
+        own = declared(name)
+        facet_classes = [
+            n for n in tree.body if isinstance(n, ast.ClassDef) and any(_base_name(b) == "GridFacet" for b in n.bases)
+        ]
+        stored = {
+            id(n)
+            for cls in facet_classes
+            for n in ast.walk(cls)
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            where = f"hypergrid.{name}:{node.lineno}"
+            if isinstance(node.value, ast.Attribute) and node.value.attr == "_core" and node.attr not in core:
+                found.append(f"{where} ._core.{node.attr} (GridCore declares no such name)")
+            elif id(node) in stored and _on_self(node) and node.attr.startswith("_") and node.attr != "_core":
+                found.append(f"{where} self.{node.attr} = ... (a facet holds no state: keep it in the core)")
+            elif node.attr in grid_private and node.attr not in own | base:
+                found.append(f"{where} .{node.attr} (another facet's private member: use the core)")
+    return sorted(found)
 
 
 # Module-level mutable objects the package may hold: the registry of worlds, and each other one with its reason.

@@ -42,6 +42,15 @@ def test_adapters_use_no_private_member_of_the_grid() -> None:
     assert not uses, f"compat uses private grid members (use hypergrid.grid.core.GridCore): {uses}"
 
 
+def test_facets_use_only_the_cores_declared_interface() -> None:
+    """No facet uses another's private member, reaches past GridCore's declared names, or keeps state of its own."""
+    assert {"grid.batch", "grid.views", "ops.collectives", "grid.elastic"} <= set(layering.facet_modules())
+    core = layering.declared(layering.CORE_MODULE, layering.CORE_CLASSES)
+    assert {"registry", "family", "key", "epoch", "views", "groups"} <= core  # the check sees the core
+    coupling = layering.facet_coupling()
+    assert not coupling, "\n".join(coupling)
+
+
 def test_module_level_state_is_the_registry_of_worlds_or_named() -> None:
     """A new module-level dict, list, set or object (or a ``global``) fails until MODULE_STATE names its reason."""
     found = layering.module_state()
