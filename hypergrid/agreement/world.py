@@ -55,17 +55,7 @@ from hypergrid.binding.failures import abort_world_groups
 from hypergrid.binding.reform import current_epoch
 from hypergrid.binding.worldstate import WORLDS
 
-__all__ = [
-    "WORLDS",
-    "World",
-    "adopt",
-    "close_all",
-    "current_watcher",
-    "current_world",
-    "ensure_watching",
-    "ensure_world",
-    "register",
-]
+__all__ = ["WORLDS", "World", "adopt", "current_watcher", "current_world", "ensure_watching", "register"]
 
 #: How long `World.close` waits for the woken watcher thread to end.
 JOIN_S = 5.0
@@ -169,7 +159,7 @@ class World:
         self.calls.close()
 
 
-def ensure_world() -> World | None:
+def _ensure_world() -> World | None:
     """The current default group's world, made (its watcher started) on first use; None without a world."""
     if not (dist.is_available() and dist.is_initialized()):
         return None
@@ -205,7 +195,7 @@ def register(world: World) -> None:
         WORLDS.live[key] = world
         if not WORLDS.exit_registered:
             WORLDS.exit_registered = True
-            atexit.register(close_all)
+            atexit.register(_close_all)
     weakref.finalize(group, _released, key, world)
 
 
@@ -219,7 +209,7 @@ def _released(key: int, world: World) -> None:
         alarm.install(None)
 
 
-def close_all() -> None:
+def _close_all() -> None:
     """Close every world (interpreter exit), after collecting the garbage a failure left.
 
     A failure leaves reference cycles (an exception's frames) that hold
@@ -252,6 +242,6 @@ def current_watcher() -> Watcher | None:
 
 
 def ensure_watching() -> Watcher | None:
-    """Start this rank's watcher for the current world, once; it, or None (see `ensure_world`)."""
-    world = ensure_world()
+    """Start this rank's watcher for the current world, once; it, or None (see `_ensure_world`)."""
+    world = _ensure_world()
     return None if world is None else world.watcher

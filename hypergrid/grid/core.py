@@ -83,7 +83,7 @@ class GridCore:
             {BASE_VIEW: RankView(BASE_VIEW, list(layout.shape), list(layout.dim_names), [], layout)}
         )
         # Its ordinal among grids of its description built in this process, destroy() calls that ended an
-        # epoch, creations in this epoch; resync: see GuardedCreation._stale_epoch.
+        # epoch, creations in this epoch; resync: see stale_epoch.
         self.ordinal = grid_ordinal(self.describe())
         self.epoch, self.resync, self.failures_seen, self.creations = 0, 0, guard_failures(), 0
         # The guard rounds whose keys may still be in the store (destroy() deletes them), and the checked
