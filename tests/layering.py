@@ -46,7 +46,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer("binding", ("binding",), False, "torch plumbing: world state, creation strategies, options, keys, GridFacet"),
     Layer("agreement", ("agreement",), False, "the store protocol: requests, the O(1) round, the guard"),
     Layer("ops", ("ops",), False, "what runs on created groups: collectives, pipeline helpers, autograd mappings"),
-    Layer("grid", ("grid",), False, "HyperCommGrid: the registry, batch creation, views, getters, nodes, mesh"),
+    Layer("grid", ("grid",), False, "HyperCommGrid: the front, its typed core (GridCore) and the facets"),
     Layer("topology", ("topology",), False, "the planner: price each order of the dims on a cluster's tiers"),
     Layer("compat", ("compat",), False, "drop-in adapters: Megatron-Core, DeepSpeed, MPU getters"),
     Layer("cli", ("cli",), False, "python -m hypergrid show | plan | demo"),
@@ -150,6 +150,196 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             visit(node)
     return found
+
+
+def private_grid_members() -> set[str]:
+    """The grid's private names: methods of the classes in grid/, ops/ and binding.facet, and their ``self._x``."""
+    names: set[str] = set()
+    for name, path in modules().items():
+        if not name.startswith(("grid", "ops", "binding.facet")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                names.update(
+                    item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                )
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _on_self(node):
+                names.add(node.attr)
+    return {name for name in names if name.startswith("_") and not name.startswith("__")}
+
+
+def _on_self(node: ast.Attribute) -> bool:
+    return isinstance(node.value, ast.Name) and node.value.id == "self"
+
+
+def adapter_private_uses() -> list[str]:
+    """``module:line .name`` for each use, in compat/, of a private member of the grid on anything but ``self``."""
+    private = private_grid_members()
+    found = []
+    for name, path in modules().items():
+        if layer_of(name).name != "compat":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in private and not _on_self(node):
+                found.append(f"hypergrid.{name}:{node.lineno} .{node.attr}")
+    return found
+
+
+# The grid's core: the only state of a grid, and the declared interface every facet uses (hypergrid/grid/core.py).
+CORE_MODULE, CORE_CLASSES = "grid.core", ("GridCore", "Registry")
+# What a facet may use of the grid beyond its own class: GridFacet's members (hypergrid/binding/facet.py).
+FACET_BASE = "binding.facet"
+
+
+def facet_modules() -> list[str]:
+    """The modules that define a ``GridFacet`` subclass (the capability modules of ``HyperCommGrid``)."""
+    found = []
+    for name, path in modules().items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and any(_base_name(base) == "GridFacet" for base in node.bases):
+                found.append(name)
+                break
+    return found
+
+
+def _base_name(node: ast.expr) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def declared(module: str, classes: tuple[str, ...] | None = None) -> set[str]:
+    """The members of ``module``'s classes (all, or ``classes``): methods, fields and ``self.x`` attributes.
+
+    Stubs under ``if TYPE_CHECKING:`` declare nothing: they are what another class provides.
+    """
+    names: set[str] = set()
+    for node in ast.parse(modules()[module].read_text()).body:
+        if isinstance(node, ast.ClassDef) and (classes is None or node.name in classes):
+            names |= _members(node)
+    return names
+
+
+def _members(node: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for item in ast.iter_child_nodes(node):
+        if isinstance(item, ast.If) and "TYPE_CHECKING" in ast.dump(item.test):
+            continue
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(item.name)
+        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            names.add(item.target.id)
+        elif isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store) and _on_self(item):
+            names.add(item.attr)
+        names |= _members(item)
+    return names
+
+
+def facet_coupling() -> list[str]:
+    """Where a facet reaches past the core's declared interface: ``module:line what``.
+
+    A facet may use its own members, ``GridFacet``'s, and through ``._core``
+    only what ``GridCore`` and its ``Registry`` declare; it never uses another
+    facet's (or the front's) private member, and stores no private attribute of
+    its own (a facet holds no state).
+    """
+    core = declared(CORE_MODULE, CORE_CLASSES)
+    base = declared(FACET_BASE) | {"_core"}  # the core itself, declared (typed) on GridFacet
+    facets = facet_modules()
+    grid_private = {name for module in [*facets, "grid.grid"] for name in declared(module) if name.startswith("_")}
+    found = []
+    for name in facets:
+        tree = ast.parse(modules()[name].read_text())
+        own = declared(name)
+        facet_classes = [
+            n for n in tree.body if isinstance(n, ast.ClassDef) and any(_base_name(b) == "GridFacet" for b in n.bases)
+        ]
+        stored = {
+            id(n)
+            for cls in facet_classes
+            for n in ast.walk(cls)
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            where = f"hypergrid.{name}:{node.lineno}"
+            if isinstance(node.value, ast.Attribute) and node.value.attr == "_core" and node.attr not in core:
+                found.append(f"{where} ._core.{node.attr} (GridCore declares no such name)")
+            elif id(node) in stored and _on_self(node) and node.attr.startswith("_") and node.attr != "_core":
+                found.append(f"{where} self.{node.attr} = ... (a facet holds no state: keep it in the core)")
+            elif node.attr in grid_private and node.attr not in own | base:
+                found.append(f"{where} .{node.attr} (another facet's private member: use the core)")
+    return sorted(found)
+
+
+# Module-level mutable objects the package may hold: the registry of worlds, and each other one with its reason.
+# Anything else at module level is a constant (a str, number, tuple, frozenset, compiled pattern, logger, ...).
+MODULE_STATE: dict[str, str] = {
+    "binding.worldstate.WORLDS": "the registry of worlds: each world's state, and what outlives every world",
+    "layout.coordinates._coord_types": "a cache of immutable namedtuple classes, one per tuple of dim names",
+    "layout.coordinates._coord_types_lock": "the lock of that cache",
+    "launch.sockets._tracked": "a weak index: process group -> its sockets; an entry dies with its group",
+    "launch.stacks._open_files": "signal -> its dump file: signal handlers are the process's, not a world's",
+    "compat.megatron_collection._OWNERS": "a weak index: collection -> its grid; an entry dies with its collection",
+    # Constant tables (never written after import):
+    "_LAZY": "constant: public name -> the module that defines it",
+    "__main__._COMMANDS": "constant: command -> its entry point",
+    "binding.creation._CREATORS": "constant: strategy -> its creator",
+    "cli.plan._UNITS": "constant: unit suffix -> its factor",
+    "cluster.tiers.PRESETS": "constant: the cluster presets",
+    "compat.megatron_fields.DENSE_FAMILIES": "constant: Megatron's dense fields -> their dims",
+    "compat.megatron_fields.EXPERT_FAMILIES": "constant: Megatron's expert fields -> their dims",
+    "compat.megatron_fields.ALIASES": "constant: field aliases",
+    "compat.megatron_fields.SAME_WHEN_UNIT": "constant: fields that are one object when a dim has size 1",
+    "compat.megatron_layout.EXPERT_NAMES": "constant: Megatron's expert dim names",
+    "compat.mpu._OPTIONAL_DEFAULTS": "constant: the MPU getters' defaults",
+    "grid.settings._SETTING_NAMES": "constant: the grid's settings",
+    "ops.checks._EXTRA": "constant: call -> its extra fields",
+    "ops.checks._DTYPES": "constant: the dtypes a row can name",
+    "ops.checks._NAMES": "constant: the checked calls",
+    "ops.checks._DECODE": "constant: code -> the call it stands for",
+}
+# Calls whose result is a constant at module level.
+_CONSTANT_CALLS = {
+    "float", "int", "str", "bool", "tuple", "frozenset", "compile", "getLogger", "TypeVar", "timedelta", "object",
+    "NewType", "namedtuple", "MappingProxyType",
+}  # fmt: skip
+
+
+def module_state() -> dict[str, str]:
+    """``module.name`` -> what it is, for each module-level mutable object (and each ``global`` statement)."""
+    found: dict[str, str] = {}
+    for name, path in modules().items():
+        prefix = f"{name}." if name else ""
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                targets, value = [node.target], node.value
+            else:
+                continue
+            kind = _mutable_kind(value)
+            for target in targets:
+                if kind and isinstance(target, ast.Name) and target.id != "__all__":
+                    found[prefix + target.id] = f"{kind} (line {node.lineno})"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Global):
+                found[f"{prefix}global {', '.join(node.names)}"] = f"a global statement (line {node.lineno})"
+    return found
+
+
+def _mutable_kind(value: ast.expr) -> str | None:
+    if isinstance(value, (ast.Dict, ast.DictComp)):
+        return "a dict"
+    if isinstance(value, (ast.List, ast.ListComp)):
+        return "a list"
+    if isinstance(value, (ast.Set, ast.SetComp)):
+        return "a set"
+    if isinstance(value, ast.Call):
+        func = value.func
+        called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else "?"
+        return None if called in _CONSTANT_CALLS else f"an instance ({called}(...))"
+    return None
 
 
 def line_counts() -> dict[str, tuple[int, int]]:

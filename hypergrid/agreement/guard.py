@@ -56,7 +56,7 @@ from hypergrid.agreement.protocol import Round, grace_s, round_keys
 from hypergrid.agreement.request import CreationRequest, shown_ranks
 from hypergrid.binding import alarm, waiting
 from hypergrid.binding.reform import current_epoch
-from hypergrid.binding.worldstate import PerWorld
+from hypergrid.binding.worldstate import WORLDS
 from hypergrid.errors import RankFailure
 
 __all__ = [
@@ -74,11 +74,6 @@ __all__ = [
 
 _PREFIX = "hypergrid/guard"
 
-_leftovers = PerWorld()  # scope family -> prefixes of its rounds that failed (their keys are still stored)
-_last_commits = PerWorld()  # scope family -> the prefix of its last commit that passed (its verdict is stored)
-_ordinals: dict[str, int] = {}  # grid description -> grids of it built in this process
-_failures = {"count": 0}  # guard rounds that failed in this process, on any grid
-
 
 def guard_failures() -> int:
     """How many guard rounds failed in this process so far, on any grid.
@@ -92,7 +87,7 @@ def guard_failures() -> int:
         >>> guard_failures() >= 0
         True
     """
-    return _failures["count"]
+    return WORLDS.guard_failures
 
 
 @dataclass(frozen=True)
@@ -128,11 +123,11 @@ def grid_ordinal(description: str, forget: int | None = None) -> int:
         1
     """
     if forget is not None:
-        if _ordinals.get(description) == forget + 1:
-            _ordinals[description] = forget
+        if WORLDS.grid_ordinals.get(description) == forget + 1:
+            WORLDS.grid_ordinals[description] = forget
         return forget
-    number = _ordinals.get(description, 0)
-    _ordinals[description] = number + 1
+    number = WORLDS.grid_ordinals.get(description, 0)
+    WORLDS.grid_ordinals[description] = number + 1
     return number
 
 
@@ -185,9 +180,9 @@ class GuardLedger:
         if dist.get_world_size() < 2:
             return
         store = c10d._get_default_store()
-        for family_rounds in _leftovers.get().values():
+        for family_rounds in WORLDS.state().guard_leftovers.values():
             family_rounds[:] = [prefix for prefix in family_rounds if prefix not in rounds]
-        last = _last_commits.get()
+        last = WORLDS.state().guard_last_commits
         with contextlib.suppress(RuntimeError):  # the store is gone: nothing left to delete
             for prefix, dead in rounds.items():
                 _release_round(store, prefix, dead)
@@ -246,7 +241,7 @@ def agree(
     # The default group's store: torch exposes it only through this accessor, which torch's own
     # helpers and Megatron use too.
     store = c10d._get_default_store()
-    leftovers = _leftovers.get().setdefault(scope.family, [])
+    leftovers = WORLDS.state().guard_leftovers.setdefault(scope.family, [])
     rank = dist.get_rank()
     probe, _ = liveness(participants)
     what = f"{request.call()} on grid {request.grid}"
@@ -258,7 +253,7 @@ def agree(
     if verdict.kind == "failure":
         alarm.check_fence(what)  # a rank the others left behind raises FencedError, the others the verdict
     if verdict.kind != "ok":
-        _failures["count"] += 1
+        WORLDS.guard_failures += 1
         leftovers.append(scope.prefix)
         if ledger is not None:
             ledger.record(scope.prefix, [rank for first, last in verdict.dead for rank in range(first, last + 1)])
@@ -326,7 +321,7 @@ def _tidy(store: Any, prefix: str, barrier: Barrier, participants: Sequence[int]
     """
     round_prefix = prefix.rpartition("/")[0]
     family = round_prefix.rpartition("/")[0]
-    last = _last_commits.get()
+    last = WORLDS.state().guard_last_commits
     keys = [f"{round_prefix}/roster", f"{round_prefix}/verdict", barrier.count_key]
     if family in last:
         keys.append(f"{last[family]}/verdict")

@@ -24,8 +24,8 @@ woken) and joins the thread, so no hypergrid thread is blocked in the store
 when the process exits: a thread that returns from torch's store client while
 the interpreter finalizes ends the process with ``std::terminate``.
 
-`Worlds`, the registry, is the module's one piece of mutable state
-(``WORLDS``): the world of each live default group on this rank.
+The registry of worlds (``WORLDS``, ``hypergrid.binding.worldstate``) holds
+the world of the live default group on this rank in its `WorldState`.
 
 Examples:
     >>> import torch.distributed as dist
@@ -54,8 +54,9 @@ from hypergrid.agreement.watcher import Verdict, Watcher, watching_enabled
 from hypergrid.binding import alarm
 from hypergrid.binding.failures import abort_world_groups
 from hypergrid.binding.reform import current_epoch
+from hypergrid.binding.worldstate import WORLDS
 
-__all__ = ["WORLDS", "World", "Worlds", "current_watcher", "current_world", "ensure_watching"]
+__all__ = ["WORLDS", "World", "adopt", "current_watcher", "current_world", "ensure_watching", "register"]
 
 #: How long `World.close` waits for the woken watcher thread to end.
 JOIN_S = 5.0
@@ -189,85 +190,72 @@ class World:
         self.calls.close()
 
 
-class Worlds:
-    """The registry: the `World` of each live default group on this rank (held weakly by the group)."""
+def _ensure_world() -> World | None:
+    """The current default group's world, made (its watcher started) on first use; None without a world."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    with WORLDS.lock:
+        found = current_world()
+        if found is not None:
+            return found
+        epoch = current_epoch()
+        world = World(epoch.number, dist.get_rank(), dist.get_world_size(), epoch.base_store, namespace=epoch.namespace)
+        if dist.get_backend() != "fake":
+            world.start_watching()
+        adopt(world)
+        return world
 
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._live: dict[int, World] = {}  # id(default group) -> its world; removed when the group is released
-        self._exit_registered = False
 
-    def current(self) -> World | None:
-        """The world of the current default group, if one was made."""
-        if not (dist.is_available() and dist.is_initialized()):
-            return None
-        with self._lock:
-            return self._live.get(id(dist.group.WORLD))
+def adopt(world: World) -> None:
+    """Make ``world`` the current default group's (its watcher answers, sounds the alarm, fences the rank)."""
+    register(world)
+    watcher = world.watcher
+    if watcher is None:
+        alarm.install(None)
+    else:
+        alarm.install(watcher.alarm_reporter, watcher.excluded)
+    if watcher is not None:
+        watcher.on_failure(_world_failed)
 
-    def ensure(self) -> World | None:
-        """The current default group's world, made (its watcher started) on first use; None without a world."""
-        if not (dist.is_available() and dist.is_initialized()):
-            return None
-        with self._lock:
-            found = self.current()
-            if found is not None:
-                return found
-            epoch = current_epoch()
-            world = World(
-                epoch.number, dist.get_rank(), dist.get_world_size(), epoch.base_store, namespace=epoch.namespace
-            )
-            if dist.get_backend() != "fake":
-                world.start_watching()
-            self.adopt(world)
-            return world
 
-    def adopt(self, world: World) -> None:
-        """Make ``world`` the current default group's (its watcher answers, sounds the alarm, fences the rank)."""
-        self.register(world)
-        watcher = world.watcher
-        if watcher is None:
-            alarm.install(None)
-        else:
-            alarm.install(watcher.alarm_reporter, watcher.excluded)
-        if watcher is not None:
-            watcher.on_failure(_world_failed)
+def register(world: World) -> None:
+    """Hold ``world`` as the current default group's, until the group is released; the alarm is left as it is."""
+    group: Any = dist.group.WORLD
+    key = id(group)
+    with WORLDS.lock:
+        previous = WORLDS.live.get(key)
+        if previous is not None and previous is not world:
+            previous.close(leave=False)
+        WORLDS.live[key] = world
+        if not WORLDS.exit_registered:
+            WORLDS.exit_registered = True
+            atexit.register(_close_all)
+    weakref.finalize(group, _released, key, world)
 
-    def register(self, world: World) -> None:
-        """Hold ``world`` as the current default group's, until the group is released; the alarm is left as it is."""
-        group: Any = dist.group.WORLD
-        key = id(group)
-        with self._lock:
-            previous = self._live.get(key)
-            if previous is not None and previous is not world:
-                previous.close(leave=False)
-            self._live[key] = world
-            if not self._exit_registered:
-                self._exit_registered = True
-                atexit.register(self.close_all)
-        weakref.finalize(group, self._released, key, world)
 
-    def _released(self, key: int, world: World) -> None:
-        """The default group of ``world`` was released (``destroy_process_group``, or a shrink's teardown)."""
-        with self._lock:
-            if self._live.get(key) is world:
-                del self._live[key]
-        if not world.reforming:
-            world.close()
-            alarm.install(None)
+def _released(key: int, world: World) -> None:
+    """The default group of ``world`` was released (``destroy_process_group``, or a shrink's teardown)."""
+    with WORLDS.lock:
+        if WORLDS.live.get(key) is world:
+            del WORLDS.live[key]
+    if not world.reforming:
+        world.close()
+        alarm.install(None)
 
-    def close_all(self) -> None:
-        """Close every world (interpreter exit), after collecting the garbage a failure left.
 
-        A failure leaves reference cycles (an exception's frames) that hold
-        torch's communication objects; destroyed during finalization, a gloo
-        work whose peer died can end the process with ``std::terminate``.
-        """
-        with self._lock:
-            worlds, self._live = list(self._live.values()), {}
-        error = _uncaught()
-        for world in worlds:
-            world.close(error=error)
-        gc.collect()
+def _close_all() -> None:
+    """Close every world (interpreter exit), after collecting the garbage a failure left.
+
+    A failure leaves reference cycles (an exception's frames) that hold
+    torch's communication objects; destroyed during finalization, a gloo
+    work whose peer died can end the process with ``std::terminate``.
+    """
+    with WORLDS.lock:
+        worlds, WORLDS.live = list(WORLDS.live.values()), {}
+    error = _uncaught()
+    for world in worlds:
+        world.close(error=error)
+    gc.collect()
 
 
 def _uncaught() -> str | None:
@@ -279,10 +267,6 @@ def _uncaught() -> str | None:
     return f"{type(error).__name__}: {said[0]}" if said else type(error).__name__
 
 
-#: The registry of worlds on this rank (the one module-level mutable state of the failure machinery).
-WORLDS = Worlds()
-
-
 def _world_failed(verdict: Verdict) -> None:
     """The current world failed: end every pending operation of this rank, then every grid wait."""
     abort_world_groups()
@@ -291,16 +275,17 @@ def _world_failed(verdict: Verdict) -> None:
 
 def current_world() -> World | None:
     """The current default group's world on this rank, if one was made."""
-    return WORLDS.current()
+    found: World | None = WORLDS.current()
+    return found
 
 
 def current_watcher() -> Watcher | None:
     """The current world's watcher on this rank, if one runs."""
-    world = WORLDS.current()
+    world = current_world()
     return None if world is None else world.watcher
 
 
 def ensure_watching() -> Watcher | None:
-    """Start this rank's watcher for the current world, once; it, or None (see `Worlds.ensure`)."""
-    world = WORLDS.ensure()
+    """Start this rank's watcher for the current world, once; it, or None (see `_ensure_world`)."""
+    world = _ensure_world()
     return None if world is None else world.watcher

@@ -1,7 +1,7 @@
 """The binding layer: the thin torch.distributed plumbing under the grid.
 
-State that lives as long as the default group (``worldstate``), the creation
+The registry of worlds (``worldstate``: ``WORLDS``, each world's state), the creation
 strategies that call torch (``creation``), per-family options and tags
 (``options``), registry keys and entries (``registry``), and ``GridFacet``,
-the base every capability mixin of ``HyperCommGrid`` builds on (``facet``).
+the base every facet of ``HyperCommGrid`` builds on (``facet``).
 """

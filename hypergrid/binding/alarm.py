@@ -40,9 +40,8 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from hypergrid.binding.worldstate import PerWorld
+from hypergrid.binding.worldstate import WORLDS
 from hypergrid.errors import FencedError, HyperGridError, RankFailure, StoreLostError
 from hypergrid.values import format_ranks
 
@@ -85,47 +84,27 @@ class News:
     reason: str
 
 
-class _Alarm:
-    """The process's failure state: per world (news, waiters, reporter) and for good (the fence)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.world = PerWorld()
-        self.fence: str | None = None
-        self.store_lost: BaseException | None = None  # torch's error that showed the job's store gone
-
-    def state(self) -> dict[str, Any]:
-        with self.lock:
-            data = self.world.get()
-            if not data:
-                data.update(news=None, waiters=set(), listeners=[], reporter=None, excluded=None)
-            return data
-
-
-_alarm = _Alarm()
-
-
 def install(reporter: Reporter | None, excluded: Excluded | None = None) -> None:
     """Set (or clear, with None) the current world's reporter and exclusion check: the watcher does, when it starts."""
-    data = _alarm.state()
+    data = WORLDS.state().alarm
     data["reporter"], data["excluded"] = reporter, excluded
 
 
 def news() -> News | None:
     """The current world's failure, once the roll call settled it; else None."""
-    found: News | None = _alarm.state()["news"]
+    found: News | None = WORLDS.state().alarm["news"]
     return found
 
 
 def fenced() -> str | None:
     """Why this rank was fenced (declared dead by the others), or None."""
-    return _alarm.fence
+    return WORLDS.fence
 
 
 def sound(dead: Sequence[int], reason: str) -> None:
     """The current world failed (``dead`` did not answer the roll call): end every grid wait at once."""
-    data = _alarm.state()
-    with _alarm.lock:
+    data = WORLDS.state().alarm
+    with WORLDS.alarm_lock:
         if data["news"] is None:
             data["news"] = News(tuple(sorted(dead)), reason)
         waiters = list(data["waiters"])
@@ -151,8 +130,8 @@ def listening(on_news: Callable[[], object]) -> Iterator[None]:
         >>> with listening(lambda: None):
         ...     pass
     """
-    data = _alarm.state()
-    with _alarm.lock:
+    data = WORLDS.state().alarm
+    with WORLDS.alarm_lock:
         data["listeners"].append(on_news)
         sounded = data["news"] is not None
     try:
@@ -161,31 +140,31 @@ def listening(on_news: Callable[[], object]) -> Iterator[None]:
                 on_news()
         yield
     finally:
-        with _alarm.lock:
+        with WORLDS.alarm_lock:
             data["listeners"][:] = [listener for listener in data["listeners"] if listener is not on_news]
 
 
 @contextlib.contextmanager
 def waking(event: threading.Event) -> Iterator[None]:
     """While inside, the world's failure sets ``event`` (a thread that waits on it wakes at once)."""
-    data = _alarm.state()
-    with _alarm.lock:
+    data = WORLDS.state().alarm
+    with WORLDS.alarm_lock:
         data["waiters"].add(event)
     try:
         yield
     finally:
-        with _alarm.lock:
+        with WORLDS.alarm_lock:
             data["waiters"].discard(event)
 
 
 def watched() -> bool:
     """Whether a watcher reports for the current world (else waits are plain: a world of one, the fake backend)."""
-    return _alarm.state()["reporter"] is not None
+    return WORLDS.state().alarm["reporter"] is not None
 
 
 def probe(what: str, text: str) -> None:
     """A wait of ``what`` lasts: ask for a roll call (a peer found gone sounds the alarm); nothing without a watcher."""
-    reporter: Reporter | None = _alarm.state()["reporter"]
+    reporter: Reporter | None = WORLDS.state().alarm["reporter"]
     if reporter is not None:
         with store_calls(what):
             reporter("probe", text)
@@ -193,15 +172,15 @@ def probe(what: str, text: str) -> None:
 
 def fence(reason: str) -> None:
     """This rank was declared dead by the others: every grid call from now on raises ``FencedError``."""
-    with _alarm.lock:
-        if _alarm.fence is None:
-            _alarm.fence = reason
+    with WORLDS.alarm_lock:
+        if WORLDS.fence is None:
+            WORLDS.fence = reason
     sound((), reason)
 
 
 def _fenced_error(what: str) -> FencedError:
     return FencedError(
-        f"{what}: this rank was excluded by the others ({_alarm.fence}); it cannot take part in the job any more "
+        f"{what}: this rank was excluded by the others ({WORLDS.fence}); it cannot take part in the job any more "
         "(its grid and groups are gone for it): exit, and let the launcher start a new process if one is needed"
     )
 
@@ -209,7 +188,7 @@ def _fenced_error(what: str) -> FencedError:
 def check_fence(what: str) -> None:
     """Raise ``FencedError`` on a fenced rank (or one the others left behind); else nothing (news does not count)."""
     _confirm(what)
-    if _alarm.fence is not None:
+    if WORLDS.fence is not None:
         raise _fenced_error(what)
 
 
@@ -220,9 +199,9 @@ def _confirm(what: str) -> None:
     through the others' whole shrink learns here, on its first call, that it
     was left behind, whatever its watcher has read by then.
     """
-    data = _alarm.state()
+    data = WORLDS.state().alarm
     excluded: Excluded | None = data["excluded"]
-    if excluded is not None and data["news"] is not None and _alarm.fence is None and _alarm.store_lost is None:
+    if excluded is not None and data["news"] is not None and WORLDS.fence is None and WORLDS.store_lost is None:
         with store_calls(what):
             excluded()
 
@@ -246,15 +225,15 @@ def is_store_loss(error: BaseException) -> bool:
 
 def lose_store(error: BaseException) -> None:
     """The job's store is gone (``error``: torch's): every grid wait ends, every grid call raises from now on."""
-    with _alarm.lock:
-        if _alarm.store_lost is None:
-            _alarm.store_lost = error
+    with WORLDS.alarm_lock:
+        if WORLDS.store_lost is None:
+            WORLDS.store_lost = error
     sound((), "the job's store is gone")
 
 
 def store_lost(what: str) -> StoreLostError | None:
     """The ``StoreLostError`` for ``what`` once the job's store is known gone (its ``__cause__``: torch's error)."""
-    cause = _alarm.store_lost
+    cause = WORLDS.store_lost
     if cause is None:
         return None
     said = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
@@ -290,10 +269,10 @@ def check(what: str) -> None:
     lost = store_lost(what)
     if lost is not None:
         raise lost
-    if _alarm.fence is None and news() is None:
+    if WORLDS.fence is None and news() is None:
         return  # the healthy path: no store call
     _confirm(what)
-    if _alarm.fence is not None:
+    if WORLDS.fence is not None:
         raise _fenced_error(what)
     found = news()
     if found is not None:
@@ -310,7 +289,7 @@ def pending(what: str) -> HyperGridError | None:
     lost = store_lost(what)
     if lost is not None:
         return lost
-    if _alarm.fence is not None:
+    if WORLDS.fence is not None:
         return _fenced_error(what)
     found = news()
     return None if found is None else _failure_of(what, found)
@@ -331,9 +310,9 @@ def failure(what: str, said: str, dead: Sequence[int] = ()) -> HyperGridError:
     With a watcher installed the failure is reported (every rank's waits end)
     and the roll call names the dead; without one, ``dead`` as given.
     """
-    data = _alarm.state()
+    data = WORLDS.state().alarm
     reporter: Reporter | None = data["reporter"]
-    if _alarm.fence is None and data["news"] is None and reporter is not None:
+    if WORLDS.fence is None and data["news"] is None and reporter is not None:
         try:
             with store_calls(what):
                 found = reporter("failure", f"{what}: {said}")

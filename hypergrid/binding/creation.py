@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.binding.options import unavailable_backend
-from hypergrid.binding.worldstate import PerWorld, held_group_count
+from hypergrid.binding.worldstate import WORLDS, held_group_count
 from hypergrid.errors import BackendError, CreationRefusedError, InvalidArgumentError
 from hypergrid.launch import sockets
 from hypergrid.values import first_line, shown
@@ -37,9 +37,6 @@ STRATEGIES = ("enumerate", "local", "split")
 
 #: The torch function each strategy creates with (looked up on torch.distributed when called).
 _CREATORS = {"enumerate": "new_subgroups_by_enumeration", "local": "new_group", "split": "split_group"}
-
-# Members-only groups this world has made: (ranks, groups held at the time) -> the torch name.
-_local_names = PerWorld()
 
 
 def check_strategy(strategy: object) -> str:
@@ -186,7 +183,7 @@ def _create(
     if strategy == "local":
         if my_ranks is None:
             return None
-        used = _local_names.get()
+        used = WORLDS.state().local_names
         identity = (tuple(my_ranks), held_group_count())
         if identity in used:
             raise CreationRefusedError(

@@ -1,11 +1,13 @@
-"""``GridFacet``: what the grid's capability modules may use of the registry.
+"""``GridFacet``: what the grid's capability modules may use of the grid.
 
-``HyperCommGrid`` (``hypergrid.grid``) is the registry: construction, keys,
-creation, lookup, destroy. Each capability built on it — per-family getters,
-views, node awareness, DeviceMesh export, collectives, pipeline helpers — lives
-in a module of its own as a ``GridFacet`` subclass that ``HyperCommGrid``
-inherits. A facet holds no state; it reaches the registry only through the
-members declared here.
+``HyperCommGrid`` (``hypergrid.grid``) is a front over a typed core
+(``hypergrid.grid.core.GridCore``: the registry, the pool, the views, the
+guard's ledger, every piece of a grid's state) and its capabilities —
+per-family getters, views, node awareness, DeviceMesh export, collectives,
+pipeline helpers — each in a module of its own as a ``GridFacet`` subclass
+that ``HyperCommGrid`` inherits. A facet holds no state; it uses its own
+members, the public ones and those declared here, and the core through
+``_core`` (``tests/layering.py`` checks it).
 """
 
 from __future__ import annotations
@@ -23,14 +25,19 @@ __all__ = ["GridFacet"]
 
 
 class GridFacet:
-    """Base of the grid's capability mixins: the registry members they use, and three small helpers."""
+    """Base of the grid's facets: the grid's members they use (its core among them), and three small helpers."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
+        _core: Any  # all of the grid's state: hypergrid.grid.core.GridCore
         layout: GridLayout
         backend: str | None
         strategy: str
         guard: bool
         guard_timeout_s: float
+        guard_progress_s: float
+        share_groups: bool
+        group_options: dict[str, Any]
+        spares: int
 
         @property
         def shape(self) -> list[int]: ...

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.binding import alarm, waiting
+from hypergrid.binding.worldstate import WORLDS
 from hypergrid.errors import HyperGridError
 from hypergrid.launch import sockets
 
@@ -207,10 +208,6 @@ def on_accelerator(args: Iterable[Any], kwargs: dict[str, Any]) -> bool:
     return False
 
 
-#: Aborted groups kept alive while a work a grid wait gave up on still runs (see `abort_groups`).
-_graveyard: list[Any] = []
-
-
 def abort_groups(groups: Iterable[Any]) -> None:
     """Abort each group (never waiting on a peer), then drop it from torch's registry.
 
@@ -230,9 +227,9 @@ def abort_groups(groups: Iterable[Any]) -> None:
         with contextlib.suppress(ValueError, RuntimeError):
             dist.destroy_process_group(group)
         if not severed:
-            _graveyard.append(group)
+            WORLDS.graveyard.append(group)
     if not waiting.abandoned():
-        _graveyard.clear()
+        WORLDS.graveyard.clear()
 
 
 def abort_world_groups() -> None:

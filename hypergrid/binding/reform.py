@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.binding.failures import abort_groups
+from hypergrid.binding.worldstate import WORLDS
 from hypergrid.launch import sockets
 
 __all__ = [
@@ -64,15 +65,12 @@ class Epoch:
     namespace: str | None = None
 
 
-_ours: dict[str, Any] = {"world": None, "epoch": None, "backend": "gloo", "timeout": datetime.timedelta(minutes=30)}
-
-
 def current_epoch() -> Epoch:
     """The epoch of the current default group (0 and its own store for a world hypergrid did not re-form)."""
     world = dist.group.WORLD
-    made = _ours["world"]
-    if made is not None and made() is world and _ours["epoch"] is not None:
-        epoch: Epoch = _ours["epoch"]
+    made = WORLDS.formed["world"]
+    if made is not None and made() is world and WORLDS.formed["epoch"] is not None:
+        epoch: Epoch = WORLDS.formed["epoch"]
         return epoch
     return Epoch(0, c10d._get_default_store())
 
@@ -95,7 +93,7 @@ def tear_down() -> None:
     """
     if not dist.is_initialized():
         return
-    _ours["backend"], _ours["timeout"] = dist.get_backend(), _default_timeout()
+    WORLDS.formed["backend"], WORLDS.formed["timeout"] = dist.get_backend(), _default_timeout()
     abort_groups([dist.group.WORLD])
     if dist.is_initialized():  # abort_groups destroys the world where torch lets it
         dist.destroy_process_group()
@@ -133,8 +131,8 @@ def reform_world(
     ranks while it forms the world (a death there fails it instead of hanging
     it); the world then gets ``timeout`` (else the old world's) for its collectives.
     """
-    backend = dist.get_backend() if dist.is_initialized() else _ours["backend"]
-    timeout = timeout or (_default_timeout() if dist.is_initialized() else _ours["timeout"])
+    backend = dist.get_backend() if dist.is_initialized() else WORLDS.formed["backend"]
+    timeout = timeout or (_default_timeout() if dist.is_initialized() else WORLDS.formed["timeout"])
     number = epoch.number + 1 if number is None else number
     namespace = epoch.namespace
     if excluded and dist.is_initialized() and can_shrink():
@@ -155,7 +153,7 @@ def reform_world(
         if name in os.environ:
             os.environ[name] = str(value)
     new = Epoch(number, epoch.base_store, namespace)
-    _ours["world"], _ours["epoch"] = weakref.ref(dist.group.WORLD), new
+    WORLDS.formed["world"], WORLDS.formed["epoch"] = weakref.ref(dist.group.WORLD), new
     return new
 
 
@@ -215,4 +213,4 @@ def forget_numbered(store: Any, prefix: str, up_to: int, part: str = "") -> int:
 def retire() -> None:
     """Leave the world for good (a retired survivor): abort and destroy the default group."""
     tear_down()
-    _ours["world"], _ours["epoch"] = None, None
+    WORLDS.formed["world"], WORLDS.formed["epoch"] = None, None

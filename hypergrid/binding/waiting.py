@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hypergrid.binding import alarm
+from hypergrid.binding.worldstate import WORLDS
 
 __all__ = ["PROBE_S", "abandoned", "wait", "wait_all"]
 
@@ -60,7 +61,7 @@ def wait(work: Any, what: str, stream: bool = False) -> None:
     future.add_done_callback(lambda _: woken.set())
     _listen(woken, what)
     if not future.done():
-        _abandoned.append(work)  # torch still runs it: its group must outlive it (binding.failures.abort_groups)
+        WORLDS.abandoned.append(work)  # torch still runs it: its group must outlive it (binding.failures.abort_groups)
         alarm.check(what)
     work.wait()
 
@@ -93,7 +94,7 @@ def wait_all(works: Sequence[Any], what: str) -> None:
     waiter = _Waiter(plain)
     _listen(waiter.woken, what)
     if not waiter.is_completed():
-        _abandoned.append(waiter)
+        WORLDS.abandoned.append(waiter)
         alarm.check(what)
     if waiter.error is not None:
         raise waiter.error
@@ -133,11 +134,7 @@ def _listen(woken: threading.Event, what: str) -> None:
             probe_after *= 2
 
 
-#: Works a wait gave up on (the world failed first): torch's threads (or a `_Waiter`) still run them.
-_abandoned: list[Any] = []
-
-
 def abandoned() -> list[Any]:
     """The works still running that a grid wait gave up on (completed ones are dropped here)."""
-    _abandoned[:] = [work for work in _abandoned if not work.is_completed()]
-    return list(_abandoned)
+    WORLDS.abandoned[:] = [work for work in WORLDS.abandoned if not work.is_completed()]
+    return list(WORLDS.abandoned)

@@ -1,8 +1,16 @@
-"""Bookkeeping that lives as long as the current default process group."""
+"""The registry of worlds (`WORLDS`): hypergrid's one module-level mutable object, and the world size hint.
+
+A *world* is one default process group. What this rank keeps for the current
+world is in its `WorldState` (fresh for a new default group); the registry
+holds the ``World`` of each live default group (``hypergrid.agreement.world``)
+and what outlives every world.
+"""
 
 from __future__ import annotations
 
+import datetime
 import os
+import threading
 import weakref
 from typing import Any
 
@@ -11,34 +19,86 @@ from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.errors import WorldSizeError
 
-__all__ = ["PerWorld", "held_group_count", "world_size_hint"]
+__all__ = ["WORLDS", "WorldState", "Worlds", "held_group_count", "world_size_hint"]
 
 
-class PerWorld:
-    """A dict that empties itself when the default group changes (destroyed and re-initialized).
+class WorldState:
+    """What this rank keeps for one world: the current default group's, or "no world"'s before one exists.
 
     Examples:
-        >>> state = PerWorld()
-        >>> state.get()["seen"] = 1
-        >>> state.get()  # no world: one shared, empty-at-first state per "no world"
-        {'seen': 1}
+        >>> state = WorldState()
+        >>> state.alarm["news"], state.local_names
+        (None, {})
     """
 
     def __init__(self) -> None:
-        self._world: weakref.ref[Any] | None = None  # None: the data belongs to "no world"
-        self._data: dict[Any, Any] = {}
+        # The alarm's (binding.alarm): the world's failure news, the grid waits to wake, the watcher's reporter.
+        self.alarm: dict[str, Any] = {
+            "news": None,
+            "waiters": set(),
+            "listeners": [],
+            "reporter": None,
+            "excluded": None,
+        }
+        self.local_names: dict[tuple[tuple[int, ...], int], str] = {}  # creation: (ranks, groups held) -> name
+        self.guard_leftovers: dict[str, list[str]] = {}  # guard: scope family -> its failed rounds' prefixes
+        self.guard_last_commits: dict[str, str] = {}  # guard: scope family -> its last passed commit's prefix
 
-    def get(self) -> dict[Any, Any]:
-        world = dist.group.WORLD if dist.is_initialized() else None
-        if self._world is None:
-            same = world is None
-        else:
-            held = self._world()
-            same = held is not None and held is world  # a world torch dropped is never the current one
-        if not same:
-            self._world = None if world is None else weakref.ref(world)
-            self._data = {}
-        return self._data
+
+class Worlds:
+    """The registry of worlds on this rank: each live default group's ``World``, the current world's `WorldState`.
+
+    Examples:
+        >>> registry = Worlds()
+        >>> registry.state() is registry.state(), registry.current() is None
+        (True, True)
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()  # held while a world is made or registered (agreement.world)
+        self.live: dict[int, Any] = {}  # id(default group) -> its World, until the group is released
+        self.alarm_lock = threading.Lock()
+        # What outlives every world: why this rank was fenced; torch's error that showed the store gone;
+        # works a grid wait gave up on that torch still runs, and the aborted groups they need (binding.failures).
+        self.fence: str | None = None
+        self.store_lost: BaseException | None = None
+        self.abandoned: list[Any] = []
+        self.graveyard: list[Any] = []
+        # How hypergrid formed the default group (binding.reform): its group (weakly) and epoch, the torn-down
+        # world's backend and timeout; grids built per description, guard rounds failed (agreement.guard).
+        self.formed: dict[str, Any] = {"world": None, "epoch": None, "backend": "gloo"}
+        self.formed["timeout"] = datetime.timedelta(minutes=30)
+        self.grid_ordinals: dict[str, int] = {}
+        self.guard_failures = 0
+        self.exit_registered = False  # the atexit handler that closes every world
+        self._group: weakref.ref[Any] | None = None  # None: the state belongs to "no world"
+        self._state = WorldState()
+        self._state_lock = threading.Lock()
+
+    def state(self) -> WorldState:
+        """The current world's state; a fresh one when the default group changed (destroyed, re-initialized)."""
+        group = dist.group.WORLD if dist.is_initialized() else None
+        with self._state_lock:
+            if self._group is None:
+                same = group is None
+            else:
+                held = self._group()
+                same = held is not None and held is group  # a group torch dropped is never the current one
+            if not same:
+                self._group = None if group is None else weakref.ref(group)
+                self._state = WorldState()
+            return self._state
+
+    def current(self) -> Any:
+        """The current default group's ``World``, if one was made (None without an initialized default group)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        with self.lock:
+            return self.live.get(id(dist.group.WORLD))
+
+
+#: The registry of worlds on this rank: hypergrid's one piece of module-level mutable state.
+WORLDS = Worlds()
 
 
 def held_group_count() -> int:

@@ -16,15 +16,12 @@ import torch.distributed as dist
 
 from hypergrid.agreement.guard import (
     CreationRequest,
-    GuardLedger,
     agree,
     creation_failed,
     grid_scope,
-    guard_failures,
     settle,
 )
 from hypergrid.agreement.world import ensure_watching
-from hypergrid.binding import alarm
 from hypergrid.binding.creation import check_can_split, check_creatable, check_strategy, create_family
 from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import abort_groups, check_live
@@ -37,17 +34,16 @@ from hypergrid.errors import (
     GroupExistsError,
     GuardTimeoutError,
     HyperGridError,
-    InvalidArgumentError,
-    UnexpectedArgumentError,
 )
-from hypergrid.grid.settings import describe, init_kwargs, settings
+from hypergrid.grid.core import check_fits
+from hypergrid.grid.settings import settings
 from hypergrid.grid.views import BASE_VIEW
 from hypergrid.layout import Dims, GridLayout
 from hypergrid.layout.hierarchy import hierarchical_family, node_size, resolve_scope
 from hypergrid.values import shown
 
 if TYPE_CHECKING:
-    from hypergrid.grid.views import RankView
+    from hypergrid.grid.core import GridCore
 
 __all__ = ["GuardedCreation"]
 
@@ -59,56 +55,7 @@ class GuardedCreation(GridFacet):
     """Batch creation and the guard round of a creation (a mixin of ``HyperCommGrid``)."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid
-        guard_progress_s: float
-        _creations: int
-        _epoch: int
-        _resync: int
-        _failures_seen: int
-        _ordinal: int
-        _guard_ledger: GuardLedger
-        _pool: Any
-
-        group_options: dict[str, Any]
-        _root: Any
-        _view_name: str
-        _families: dict[PgKey, tuple[GridLayout, tuple[str, ...], int | None]]
-
-        @property
-        def _pgs(self) -> dict[PgKey, Any]: ...
-        def _family(self, dims: Dims, view: str | None) -> tuple[PgKey, GridLayout, RankView]: ...
-        def _check_fits(self, world: int | None) -> None: ...
-        def _shared(self, *args: Any) -> tuple[Any, Any]: ...
-        def _keep(self, *args: Any) -> Any: ...
-
-    def _stale_epoch(self) -> bool:
-        """Whether a guard round failed in this process (on any grid) since this grid's epoch began; now noted.
-
-        ``_resync`` is the latest epoch another rank was seen in, by a guard
-        error on this grid: ``destroy()`` starts the epoch after it.
-        """
-        seen, self._failures_seen = self._failures_seen, guard_failures()
-        return seen < self._failures_seen
-
-    def _key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> PgKey:
-        """The registry key of a family (or of one half of its hierarchy), with ``tag``; never on a fenced rank."""
-        family, checked = self._family(dims, view)[0], check_tag(tag)  # argument errors first
-        alarm.check_fence("pg" if checked is None else f"pg(tag={checked!r})")
-        return tagged(scoped(family, resolve_scope(within, across)), checked)
-
-    def _node_size_of(self, key: PgKey | None, given: object, half: object) -> int | None:
-        """The node size the half ``key`` was cut with; refuses a ``given`` one that differs or has no ``half``."""
-        if given is not None and half is None:
-            raise UnexpectedArgumentError(
-                f"ranks_per_node={shown(given)} without within= or across=; it sets the node size of a hierarchy's "
-                "half only"
-            )
-        stored: int | None = self._root._families.get(key, (None, None, None))[2]
-        if given is not None and stored is not None and node_size(given) != stored:  # type: ignore[arg-type]
-            raise InvalidArgumentError(
-                f"{key!r} was created with ranks_per_node={stored}, not {shown(given)}: a half is cut once; destroy() "
-                "the grid's groups to cut it again"
-            )
-        return stored
+        _core: GridCore
 
     def _batch(self, dims_list: object, view: str | None) -> list[Dims]:
         """The families of ``dims_list`` in canonical order (fewest dims first); refuses empty lists and repeats."""
@@ -122,7 +69,7 @@ class GuardedCreation(GridFacet):
         seen: dict[PgKey, Dims] = {}
         order: dict[PgKey, tuple[int, int]] = {}
         for dims in dims_list:
-            key, _, spec = self._family(dims, view)
+            key, _, spec = self._core.family(dims, view)
             if key in seen:
                 raise DimsError(
                     f"create_pgs got {shown(seen[key])} and {shown(dims)}, which name the same family {key!r}; "
@@ -133,22 +80,9 @@ class GuardedCreation(GridFacet):
             order[key] = (bin(mask).count("1"), mask)
         return [seen[key] for key in sorted(seen, key=lambda key: order[key])]
 
-    def _describe(self) -> str:
-        """The grid in a few characters (`hypergrid.grid.settings.describe`)."""
-        return describe(self.dim_names, self.shape, self.rank_offset, self.backend)
-
-    def _init_kwargs(self) -> dict[str, Any]:
-        """Every constructor argument but the shape, names and offset, as the root grid holds it.
-
-        Read from the constructor's signature, like `_settings`: a grid built
-        from another (a view, a successor after ``shrink``) keeps every setting,
-        including one added later.
-        """
-        return init_kwargs(self._root)
-
     def _settings(self) -> tuple[tuple[str, str], ...]:
         """Every constructor setting of the grid, as (name, text): derived from the signature, so none is forgotten."""
-        return settings(self._root)
+        return settings(self._core.root)
 
     def _guard_round(
         self,
@@ -168,12 +102,12 @@ class GuardedCreation(GridFacet):
         and the prefix of its round (for the commit and a roll call if torch
         then fails), None where no round ran; nothing with the guard off.
         """
-        sequence = self._creations
-        self._creations += 1
+        sequence = self._core.creations
+        self._core.creations += 1
         if not self.guard:
             return []
         rounds: list[tuple[Sequence[int], Any, Sequence[Plan]]] = []
-        describe = self._describe()
+        describe = self._core.describe()
         if strategy == "local":
             if member is None:
                 return []  # outside the grid: this rank creates nothing and takes part in nothing
@@ -183,10 +117,10 @@ class GuardedCreation(GridFacet):
             for same_layout in by_layout.values():
                 dims = sorted({name for _, _, ordered in same_layout for name in ordered})
                 members: Sequence[int] = same_layout[0][1].group_ranks(dims, member)
-                scope = grid_scope(describe, self._ordinal, self._epoch, sequence, members)
+                scope = grid_scope(describe, self._core.ordinal, self._core.epoch, sequence, members)
                 rounds.append((members, scope, same_layout))
         else:
-            scope = grid_scope(describe, self._ordinal, self._epoch, sequence, None)
+            scope = grid_scope(describe, self._core.ordinal, self._core.epoch, sequence, None)
             rounds.append((range(dist.get_world_size()), scope, plans))
         by_key: dict[PgKey, tuple[Sequence[int], str] | None] = {}
         for participants, scope, batch in rounds:
@@ -197,18 +131,18 @@ class GuardedCreation(GridFacet):
                 grid_sequence=sequence,
                 held_groups=held_groups,
                 options=options,
-                grid_ordinal=self._ordinal,
-                epoch=self._epoch,
+                grid_ordinal=self._core.ordinal,
+                epoch=self._core.epoch,
                 settings=self._settings(),
                 views=views,
                 reuses=reuses,
             )
             try:
                 ran = agree(
-                    request, participants, scope, self.guard_timeout_s, self.guard_progress_s, self._guard_ledger
+                    request, participants, scope, self.guard_timeout_s, self.guard_progress_s, self._core.guard_ledger
                 )
             except (DesyncError, GuardTimeoutError) as error:
-                self._resync = max(self._resync, error.epoch)  # destroy() starts an epoch past every rank's
+                self._core.resync = max(self._core.resync, error.epoch)  # destroy() starts an epoch past every rank's
                 raise
             by_key.update({key: (participants, scope.prefix) if ran else None for key, _, _ in batch})
         return [by_key[key] for key, _, _ in plans]
@@ -263,7 +197,7 @@ class GuardedCreation(GridFacet):
         """
         ordered = self._batch(dims_list, view)
         groups = self._create_families(ordered, view, strategy, tag, kwargs, "create_pgs").values()
-        layout = self._family(ordered[0], view)[2].layout
+        layout = self._core.family(ordered[0], view)[2].layout
         scope = resolve_scope(kwargs.get("within"), kwargs.get("across"))
         return {tagged(scoped(layout.key(dims), scope), check_tag(tag)): group for dims, group in zip(ordered, groups)}
 
@@ -285,14 +219,14 @@ class GuardedCreation(GridFacet):
         (``shrink`` re-creating families); with one, the guard's timeout bounds it.
         Returns registry key -> the caller's group, in creation order.
         """
-        root: GuardedCreation = self._root
+        root: GuardedCreation = self._core.root
         if root is not self:  # a grid from view(): the root creates (one owner, one guard sequence)
-            return root._create_families(dims_list, view or self._view_name, strategy, tag, kwargs, call, bound_s)
+            return root._create_families(dims_list, view or self._core.view_name, strategy, tag, kwargs, call, bound_s)
         tag = check_tag(tag)
         kwargs = dict(kwargs)
         scope = resolve_scope(kwargs.pop("within", None), kwargs.pop("across", None))
         per_node = kwargs.pop("ranks_per_node", None)
-        self._node_size_of(None, per_node, scope)  # refuses a node size without a half
+        self._core.node_size_of(None, per_node, scope)  # refuses a node size without a half
         if scope is not None:
             per_node = node_size(per_node)  # once per batch (LOCAL_WORLD_SIZE when not given)
         backend, options = family_options(kwargs, self.group_options, self.backend, tag)
@@ -301,7 +235,7 @@ class GuardedCreation(GridFacet):
         guarded: list[Plan] = []  # the unsplit families: "local" agrees over their groups, whatever the node size
         views: dict[str, str] = {}  # every registered view the batch enumerates, as the guard compares it
         for dims in dims_list:
-            family, layout, spec = self._family(dims, view)
+            family, layout, spec = self._core.family(dims, view)
             if spec.name != BASE_VIEW:
                 views[spec.name] = f"{spec.name}: shape {spec.shape} over {spec.dim_names}, shared {spec.shared_dims}"
             ordered = spec.layout.canonical_dims(dims)
@@ -310,7 +244,7 @@ class GuardedCreation(GridFacet):
                 family = scoped(family, scope)
                 layout, ordered = hierarchical_family(layout, ordered, scope, per_node)
             key = tagged(family, tag)
-            if key in self._pgs:
+            if key in self._core.registry.groups:
                 what = "" if tag is None else f" with tag {tag!r}"
                 raise GroupExistsError(
                     f"Process group {shown(dims)}{for_view(key)}{what} has already been created on this grid "
@@ -320,13 +254,13 @@ class GuardedCreation(GridFacet):
             guarded.append((key, *base))
         if not (dist.is_available() and dist.is_initialized()):
             for key, layout, ordered in plans:
-                self._pgs[key] = create_uninitialized(
+                self._core.registry.groups[key] = create_uninitialized(
                     chosen, layout.rank_enum(ordered), {**options, "backend": backend}
                 )
             return self._created(plans, per_node)
         check_live(call)  # a fenced rank, or a world that failed, creates nothing
         world = dist.get_world_size()
-        self._check_fits(world)
+        check_fits(self, world)
         ensure_watching()  # this rank answers the world's roll calls from now on (agreement.world)
         if chosen == "split":
             check_can_split(backend)
@@ -337,7 +271,7 @@ class GuardedCreation(GridFacet):
         local = chosen == "local" and self.layout.contains(rank)
         # Which groups this rank would share (held by which key) or create: part of the request, so a rank
         # that released a group on its own cannot create it while the others share theirs.
-        shares = [self._shared(layout, ordered, key, backend, options, tag) for key, layout, ordered in plans]
+        shares = [self._core.shared(layout, ordered, key, backend, options, tag) for key, layout, ordered in plans]
         reuses = tuple("" if entry is None else guard_key(next(iter(entry.holders))) for _, entry in shares)
         # Only a members-only creation that makes a new group depends on how many groups this rank holds.
         new = local and any(entry is None for _, entry in shares)
@@ -360,14 +294,16 @@ class GuardedCreation(GridFacet):
             for index, (key, layout, ordered) in enumerate(plans):
                 my_ranks = layout.group_ranks(ordered, rank) if local else None
                 # Again, now: a family of this batch may share the group an earlier one just made.
-                sharing, shared = self._shared(layout, ordered, key, backend, options, tag)
+                sharing, shared = self._core.shared(layout, ordered, key, backend, options, tag)
 
                 def create(layout: GridLayout = layout, ordered: Sequence[str] = ordered, mine: Any = my_ranks) -> Any:
                     rank_enum = None if chosen == "local" else layout.rank_enum(ordered)
                     return create_family(chosen, rank_enum, mine, {**options, "backend": backend}, bound_s=bound)
 
                 try:
-                    self._pgs[key] = self._keep(sharing, shared, key, create, backend, tag, options)
+                    self._core.registry.groups[key] = self._core.keep(
+                        sharing, shared, key, create, backend, tag, options
+                    )
                     added.append(key)
                 except HyperGridError:
                     raise
@@ -378,19 +314,21 @@ class GuardedCreation(GridFacet):
                     participants, prefix = round_of
                     raise creation_failed(
                         error, repr(guard_key(key)), f"{prefix}/commit", participants, started, self.guard_timeout_s,
-                        self._guard_ledger,
+                        self._core.guard_ledger,
                     ) from error  # fmt: skip
             # Every participant must have its groups before any goes on (a death there fails them all alike).
             what = repr(guard_key(plans[0][0])) if len(plans) == 1 else f"{len(plans)} families"
             for participants, prefix in dict.fromkeys((tuple(r[0]), r[1]) for r in rounds if r is not None):
-                settle(f"{prefix}/commit", participants, started, self.guard_timeout_s, what, self._guard_ledger)
+                settle(f"{prefix}/commit", participants, started, self.guard_timeout_s, what, self._core.guard_ledger)
         except BaseException:  # roll back (docs/reliability.md): the commit's outcome is the same on every rank
-            abort_groups(self._pool.release_registry(self._pgs, added))  # forget them, abort what only they held
+            abort_groups(
+                self._core.registry.pool.release_registry(self._core.registry.groups, added)
+            )  # forget them, abort what only they held
             raise
         return self._created(plans, per_node)
 
     def _created(self, plans: Sequence[Plan], per_node: int | None) -> dict[PgKey, dist.ProcessGroup | None]:
         """Remember how each new family enumerates (and a half's node size); the caller's group of each."""
         for key, layout, ordered in plans:
-            self._families[key] = (layout, ordered, per_node)
-        return {key: member_or_none(self._pgs[key]) for key, _, _ in plans}
+            self._core.registry.families[key] = (layout, ordered, per_node)
+        return {key: member_or_none(self._core.registry.groups[key]) for key, _, _ in plans}

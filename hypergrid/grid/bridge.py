@@ -126,8 +126,9 @@ class Bridge:
             for name, grid in (("src", src), ("dst", dst)):
                 if grid.rank_offset + grid.size > world:
                     raise InvalidArgumentError(
-                        f"Bridge: {name} grid {grid._describe()} needs ranks up to {grid.rank_offset + grid.size - 1} "
-                        f"but this world has {world} ranks: both grids must be grids of this world"
+                        f"Bridge: {name} grid {grid._core.describe()} needs ranks up to "
+                        f"{grid.rank_offset + grid.size - 1} but this world has {world} ranks: both grids must be "
+                        "grids of this world"
                     )
         self.src, self.dst = src, dst
         self.batch_dim, self.seq_dim, self.variable_shapes = batch_dim, seq_dim, variable_shapes
@@ -154,7 +155,7 @@ class Bridge:
 
     def __repr__(self) -> str:
         return (
-            f"Bridge({self.src._describe()} -> {self.dst._describe()}, batch_dim={self.batch_dim}, "
+            f"Bridge({self.src._core.describe()} -> {self.dst._core.describe()}, batch_dim={self.batch_dim}, "
             f"seq_dim={self.seq_dim})"
         )
 
@@ -297,7 +298,7 @@ class Bridge:
             ("checked", repr(self.checked)),
         )
         request = CreationRequest(
-            grid=f"bridge {self.src._describe()} -> {self.dst._describe()}", keys=("bridge",), strategy="p2p",
+            grid=f"bridge {self.src._core.describe()} -> {self.dst._core.describe()}", keys=("bridge",), strategy="p2p",
             grid_sequence=0, grid_ordinal=self._ordinal, epoch=self._epoch, settings=settings,
         )  # fmt: skip
         scope = grid_scope("bridge", self._ordinal, self._epoch, 0, None)

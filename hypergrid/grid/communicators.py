@@ -189,8 +189,6 @@ class Communicators(GridFacet):
     """The report of the communicators a rank holds through a grid (a mixin of ``HyperCommGrid``)."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
-        _root: Communicators
-        _pool: GroupPool
         share_groups: bool
 
     def _shared(
@@ -209,7 +207,7 @@ class Communicators(GridFacet):
         partition = partition_signature(layout, list(dims)) if self.share_groups else key
         # group_desc only labels a group: it takes no part in sharing.
         sharing = share_key(partition, backend, describe_options(options, skip=("group_desc",)), tag)
-        return sharing, self._root._pool.find(sharing)
+        return sharing, self._core.registry.pool.find(sharing)
 
     def _keep(
         self,
@@ -222,7 +220,7 @@ class Communicators(GridFacet):
         options: dict[str, Any],
     ) -> Any:
         """The shared group, now held by ``key`` too, or a new one from ``create()``, pooled."""
-        pool = self._root._pool
+        pool = self._core.registry.pool
         if shared is not None:
             return pool.hold(sharing, key).group
         group = _without_communicator(sharing, backend, tag, options)
@@ -254,7 +252,7 @@ class Communicators(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         report = []
-        for entry in self._root._pool.entries():
+        for entry in self._core.registry.pool.entries():
             if not isinstance(entry.group, dist.ProcessGroup):
                 continue
             ranks = dist.get_process_group_ranks(entry.group)
@@ -264,7 +262,7 @@ class Communicators(GridFacet):
                     "size": len(ranks),
                     "backend": str(dist.get_backend(entry.group)),
                     "tag": entry.tag,
-                    "keys": [guard_key(key) for key in entry.holders.values()],  # type: ignore[arg-type]
+                    "keys": [guard_key(key) for key in entry.holders.values()],
                     "options": entry.options,
                 }
             )

@@ -25,7 +25,7 @@ from hypergrid.binding.failures import abort_groups
 from hypergrid.binding.reform import current_epoch
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, untagged
 from hypergrid.errors import GridSpecError, GridTooLargeError, InvalidArgumentError, RankError
-from hypergrid.grid.recovery import Family, Recovery, families_digest
+from hypergrid.grid.recovery import Recovery, Recreation, families_digest
 from hypergrid.grid.regrid import Regrid
 from hypergrid.grid.snapshots import MAX_STEP, StepSnapshots
 from hypergrid.launch.ledger import record_shrink
@@ -33,6 +33,9 @@ from hypergrid.layout import KEY_SEPARATOR, MAX_WORLD_SIZE
 from hypergrid.layout.shrink import ShrinkPlan, check_policy
 from hypergrid.validation import check_int, check_ints, refuse
 from hypergrid.values import check_timeout, shown
+
+if TYPE_CHECKING:
+    from hypergrid.grid.core import GridCore
 
 __all__ = ["Elastic", "Regrid", "check_spares"]
 
@@ -80,24 +83,18 @@ class Elastic(GridFacet):
     """Abort, shrink, spares and standby (a mixin of ``HyperCommGrid``)."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid
-        spares: int
-        share_groups: bool
-        group_options: dict[str, Any]
-        guard_progress_s: float
-        _root: Any
-        _views: dict[str, Any]
-        _families: dict[PgKey, Any]
-        _pool: Any
+        _core: GridCore
 
         @property
         def created_keys(self) -> list[PgKey]: ...
         def destroy(self) -> None: ...
-        def _describe(self) -> str: ...
 
     # -- abort ----------------------------------------------------------------
 
     def _held_groups(self) -> list[Any]:
-        return [entry.group for entry in self._root._pool.entries() if isinstance(entry.group, dist.ProcessGroup)]
+        return [
+            entry.group for entry in self._core.registry.pool.entries() if isinstance(entry.group, dist.ProcessGroup)
+        ]
 
     def abort(self) -> None:
         """Abort every group this grid (and its views) holds, on every backend, then forget them.
@@ -117,7 +114,7 @@ class Elastic(GridFacet):
             >>> dist.destroy_process_group()
         """
         abort_groups([group for group in self._held_groups() if group is not dist.GroupMember.WORLD])
-        self._root.destroy()
+        self._core.root.destroy()
 
     # -- shrink ---------------------------------------------------------------
 
@@ -129,7 +126,7 @@ class Elastic(GridFacet):
         named = [] if dead is None else check_ints("shrink", "dead", dead, 0, world - 1, limit=world, error=RankError)
         if rank in named:
             raise RankError(f"shrink: dead={shown(named)} names the calling rank {rank}; a survivor calls shrink")
-        if getattr(self._root, "_spares_released", False):  # released spares left: they are gone
+        if self._core.registry.spares_released:  # released spares left: they are gone
             named += range(world - self.spares, world)
         return world, sorted({int(gone) for gone in named})
 
@@ -142,7 +139,7 @@ class Elastic(GridFacet):
         if snapshots is not None:
             if not isinstance(snapshots, StepSnapshots):
                 raise refuse(call, "snapshots", snapshots, "a hypergrid.StepSnapshots or None", InvalidArgumentError)
-            if not any(_parse(key) == (None, (dim,), None, None) for key in self._root.created_keys):
+            if not any(_parse(key) == (None, (dim,), None, None) for key in self._core.root.created_keys):
                 raise InvalidArgumentError(
                     f"{call}: snapshots= needs the family over {dim!r} (a replica that lacks the agreed step gets it "
                     f"from its {dim!r} group), which this grid did not create; call create_pg({dim!r}) first"
@@ -229,8 +226,8 @@ class Elastic(GridFacet):
             GridSpecError: a registered view no longer divides the new grid.
             InvalidArgumentError: a ``within``/``across`` half no longer fits the new grid's nodes.
         """
-        if self._root is not self:  # a grid from view(): the root shrinks (it holds every family)
-            shrunk: Regrid = self._root.shrink(
+        if self._core.root is not self:  # a grid from view(): the root shrinks (it holds every family)
+            shrunk: Regrid = self._core.root.shrink(
                 dead, dim=dim, policy=policy, timeout_s=timeout_s, step=step, snapshots=snapshots
             )
             return shrunk
@@ -245,11 +242,11 @@ class Elastic(GridFacet):
         # A "local" grid's families may differ between groups after a death (each group commits alone): the
         # survivors keep those all of them hold (`Recovery.held_by_all`), so they are not compared here.
         compared = [] if self.strategy == "local" else families
-        proposal = Proposal(tuple(known), policy, dim, families_digest(compared, self._describe()))
+        proposal = Proposal(tuple(known), policy, dim, families_digest(compared, self._core.describe()))
         regrid: Regrid = self._recover(recovery, proposal, families)
         return regrid
 
-    def _recover(self, recovery: Recovery, proposal: Proposal, families: list[Family]) -> Regrid:
+    def _recover(self, recovery: Recovery, proposal: Proposal, families: list[Recreation]) -> Regrid:
         """Agree, plan and carry on (see `hypergrid.grid.recovery`)."""
         dead = recovery.agree(proposal)
         plan, successor = recovery.plan(dead, proposal.policy, proposal.dim, families)
@@ -259,12 +256,12 @@ class Elastic(GridFacet):
 
     def _successor(self, plan: ShrinkPlan) -> Any:
         """The new grid (no group yet) with the old one's settings and views, for ``plan``."""
-        root = self._root
+        root = self._core.root
         new = type(root)(
-            list(plan.shape), root.dim_names, plan.rank_offset, **{**root._init_kwargs(), "spares": plan.spares}
+            list(plan.shape), root.dim_names, plan.rank_offset, **{**root._core.init_kwargs(), "spares": plan.spares}
         )
         try:
-            for name, view in root._views.items():
+            for name, view in root._core.registry.views.items():
                 if name == "base":
                     continue
                 shape = list(view.shape)
@@ -272,14 +269,14 @@ class Elastic(GridFacet):
                     shape = self._shrunk_view_shape(name, view, plan)
                 new.register_view(name, shape, view.dim_names, view.shared_dims)
         except GridSpecError:
-            grid_ordinal(new._describe(), forget=new._ordinal)  # refused: as if this grid was never built
+            grid_ordinal(new._core.describe(), forget=new._core.ordinal)  # refused: as if this grid was never built
             raise
         return new
 
     def _shrunk_view_shape(self, name: str, view: Any, plan: ShrinkPlan) -> list[int]:
         """A view's shape once the grid lost slices of one dim: that dim (if the view has it) shrinks alike."""
-        (index,) = [i for i, (old, new) in enumerate(zip(self._root.shape, plan.shape)) if old != new]
-        dim, old, new = self._root.dim_names[index], self._root.shape[index], plan.shape[index]
+        (index,) = [i for i, (old, new) in enumerate(zip(self._core.root.shape, plan.shape)) if old != new]
+        dim, old, new = self._core.root.dim_names[index], self._core.root.shape[index], plan.shape[index]
         shape = list(view.shape)
         if dim not in view.dim_names or (shape[view.dim_names.index(dim)] * new) % old:
             raise GridSpecError(
@@ -289,22 +286,22 @@ class Elastic(GridFacet):
         shape[view.dim_names.index(dim)] = shape[view.dim_names.index(dim)] * new // old
         return shape
 
-    def _family_list(self) -> list[Family]:
+    def _family_list(self) -> list[Recreation]:
         """Every family the grid created, in order, with what ``_create_families`` needs to create it again."""
-        root = self._root
-        backend_of = {key: entry.backend for entry in root._pool.entries() for key in entry.holders}
+        root = self._core.root
+        backend_of = {key: entry.backend for entry in root._core.registry.pool.entries() for key in entry.holders}
         families = []
         for key in root.created_keys:
             view, dims, tag, scope = _parse(key)
             spec: dict[str, Any] = {"dims": list(dims), "view": view, "tag": tag, "kwargs": {}}
             if scope is not None:
-                spec["kwargs"] = {scope: "node", "ranks_per_node": root._families[key][2]}
+                spec["kwargs"] = {scope: "node", "ranks_per_node": root._core.registry.families[key][2]}
             if tag is not None and backend_of.get(key) is not None:
                 spec["kwargs"]["backend"] = backend_of[key]
             families.append((key, spec))
         return families
 
-    def _recreate(self, families: Sequence[Family], bound_s: float) -> None:
+    def _recreate(self, families: Sequence[Recreation], bound_s: float) -> None:
         """Create ``families`` again, in their order (the shrink's agreement compared them: no guard round).
 
         torch waits at most ``bound_s`` for the other members of each group (a
@@ -313,7 +310,7 @@ class Elastic(GridFacet):
         guard, self.guard = self.guard, False
         try:
             for _, spec in families:
-                self._create_families(  # type: ignore[attr-defined]
+                self._core.create_families(
                     [spec["dims"]], spec["view"], None, spec["tag"], dict(spec["kwargs"]), "shrink", bound_s=bound_s
                 )
         finally:
@@ -380,7 +377,7 @@ class Elastic(GridFacet):
             >>> from hypergrid import HyperCommGrid
             >>> HyperCommGrid([2], ["dp"]).release_spares()  # no spares: nothing to do
         """
-        self._root._spares_released = True
+        self._core.registry.spares_released = True
         if not self.spares:
             return
         self._require_initialized("release_spares")

@@ -14,20 +14,20 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.agreement.guard import GuardLedger, grid_ordinal, guard_failures
 from hypergrid.binding.creation import check_strategy
 from hypergrid.binding.options import check_group_options, normalize_backend, refuse_keywords
 from hypergrid.binding.registry import PgKey, for_view, member_or_none
 from hypergrid.binding.worldstate import world_size_hint
-from hypergrid.errors import GridTooLargeError, GroupNotFoundError
+from hypergrid.errors import GroupNotFoundError
 from hypergrid.grid.batch import GuardedCreation
-from hypergrid.grid.communicators import Communicators, GroupPool
+from hypergrid.grid.communicators import Communicators
+from hypergrid.grid.core import GridCore, RankView, check_fits
 from hypergrid.grid.elastic import Elastic, check_spares
 from hypergrid.grid.getters import CoordinateGetters
 from hypergrid.grid.mesh import MeshExport
 from hypergrid.grid.nodes import NodeAwareness
 from hypergrid.grid.shims import MegatronShims
-from hypergrid.grid.views import BASE_VIEW, RankView, Views
+from hypergrid.grid.views import Views
 from hypergrid.layout import Dims, GridLayout, resolve_shape
 from hypergrid.ops.collectives import Collectives, check_collectives_flag
 from hypergrid.ops.gradients import Gradients
@@ -141,55 +141,33 @@ class HyperCommGrid(
         self.share_groups = check_bool("HyperCommGrid", "share_groups", share_groups)
         self.group_options = check_group_options(group_options)
         self.check_collectives = check_collectives_flag(check_collectives)
-        self._check_fits(world)
+        check_fits(self, world)
         self.spares = check_spares(spares, world, self.rank_offset + self.size)
-        # The grid whose registry this one uses (itself, except for a grid returned by view()),
-        # and the view it enumerates. The root grid holds every view and every group.
-        self._root: HyperCommGrid = self
-        self._view_name = BASE_VIEW
-        self._views: dict[str, RankView] = {BASE_VIEW: RankView(BASE_VIEW, self.shape, self.dim_names, [], self.layout)}
-        # Megatron's key -> the caller's group (None where the caller is in no group); see _pgs.
-        self._registry: dict[PgKey, Any] = {}
-        # Key -> the layout and dims that enumerate its groups (a hierarchy's half: a finer layout).
-        self._families: dict[PgKey, tuple[GridLayout, tuple[str, ...], int | None]] = {}
-        # The root's groups shared by partition, backend, options and tag, held by registry keys.
-        self._pool = GroupPool()
-        # Where the grid's creations stand (the guard's round keys): its ordinal among grids of its
-        # description built in this process, destroy() calls that ended an epoch, creations in this epoch.
-        self._ordinal = grid_ordinal(self._describe())
-        self._epoch, self._resync, self._failures_seen = 0, 0, guard_failures()  # _resync: see _stale_epoch
-        self._creations = 0
-        # The guard rounds of this grid whose keys may still be in the store; destroy() deletes them.
-        self._guard_ledger = GuardLedger()
+        # All of the grid's state: its registry (shared with its views), views, pool and guard ledgers.
+        self._core = GridCore(self, self.layout)
 
     @property
     def _pgs(self) -> dict[PgKey, Any]:
         """The registry, under Megatron-Core's name and keys (``"dp-tp"``, ``("expert", ("ep", "expt_tp"))``).
 
-        Code that reads or replaces ``grid._pgs`` (as Megatron's does) reads or
-        replaces the registry itself; a grid returned by ``view()`` shares its root's.
+        Reading or replacing it (as Megatron's code does) reads or replaces the root's registry.
         """
-        return self._root._registry
+        return self._core.registry.groups
 
     @_pgs.setter
     def _pgs(self, value: dict[PgKey, Any]) -> None:
-        self._root._registry = value
+        self._core.registry.groups = value
+
+    @property
+    def _views(self) -> dict[str, RankView]:
+        """The registered views by name, ``"base"`` included, under Megatron-Core's name (shared with the root)."""
+        return self._core.registry.views
 
     def __repr__(self) -> str:
         return (
             f"HyperCommGrid(shape={self.shape}, dim_names={self.dim_names}, "
             f"rank_offset={self.rank_offset}, backend={shown(self.backend)}, groups={self.created_keys})"
         )
-
-    # -- checks -------------------------------------------------------------
-
-    def _check_fits(self, world: int | None) -> None:
-        if world is not None and self.rank_offset + self.size > world:
-            raise GridTooLargeError(
-                f"Grid shape {self.shape} is over sized with world size {world} and rank offset "
-                f"{self.rank_offset}: its {self.size} ranks with rank_offset {self.rank_offset} need ranks up to "
-                f"{self.rank_offset + self.size - 1}, but the world has {world} ranks (0..{world - 1})"
-            )
 
     # -- groups -------------------------------------------------------------
 
@@ -208,7 +186,7 @@ class HyperCommGrid(
             >>> HyperCommGrid([2, 2, 2], ["a", "b", "c"]).get_rank_enum(["b", "a"])
             [[0, 1, 2, 3], [4, 5, 6, 7]]
         """
-        _, _, spec = self._family(dims, view)
+        _, _, spec = self._core.family(dims, view)
         return spec.layout.rank_enum(dims)
 
     def create_pg(
@@ -283,7 +261,7 @@ class HyperCommGrid(
             >>> grid.destroy()
             >>> dist.destroy_process_group()
         """
-        return next(iter(self._create_families([dims], view, strategy, tag, kwargs, "create_pg").values()))
+        return next(iter(self._core.create_families([dims], view, strategy, tag, kwargs, "create_pg").values()))
 
     def pg(
         self,
@@ -314,10 +292,10 @@ class HyperCommGrid(
             True
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        key = self._key(dims, view, tag, within, across)
-        if key in self._pgs:
-            self._node_size_of(key, kwargs.get("ranks_per_node"), within or across)
-            return member_or_none(self._pgs[key])
+        key = self._core.key(dims, view, tag, within, across)
+        if key in self._core.registry.groups:
+            self._core.node_size_of(key, kwargs.get("ranks_per_node"), within or across)
+            return member_or_none(self._core.registry.groups[key])
         return self.create_pg(dims, view=view, tag=tag, within=within, across=across, **kwargs)
 
     def get_pg(
@@ -350,8 +328,8 @@ class HyperCommGrid(
             hypergrid.errors.GroupNotFoundError: get_pg: Process group for 'tp' hasn't been created ...
         """
         refuse_keywords("get_pg", kwargs, "creation options (ranks_per_node, timeout, ...) go to pg() or create_pg()")
-        key = self._key(dims, view, tag, within, across)
-        if key not in self._pgs:
+        key = self._core.key(dims, view, tag, within, across)
+        if key not in self._core.registry.groups:
             what = f"for {shown(key)}" if isinstance(key, str) else f"{shown(dims)}{for_view(key)}"
             given = ", ".join(
                 f"{k}={shown(v)}" for k, v in {"tag": tag, "within": within, "across": across}.items() if v
@@ -359,9 +337,9 @@ class HyperCommGrid(
             call = f"create_pg(..., {given})" if given else "create_pg"
             raise GroupNotFoundError(
                 f"Process group {what} hasn't been created (dims {shown(dims)}, key {shown(key)}); created so far: "
-                f"{list(self._pgs)}; call {call} first"
+                f"{list(self._core.registry.groups)}; call {call} first"
             )
-        return member_or_none(self._pgs[key])
+        return member_or_none(self._core.registry.groups[key])
 
     @property
     def created_keys(self) -> list[PgKey]:
@@ -370,7 +348,7 @@ class HyperCommGrid(
         For a grid returned by ``view()``: its own families, as canonical
         strings of its dims (shared families included).
         """
-        return self._view_keys(own_only=False)
+        return self._core.view_keys(own_only=False)
 
     def destroy(self) -> None:
         """Release this grid's families on the calling rank; destroy the groups nothing else holds.
@@ -389,11 +367,11 @@ class HyperCommGrid(
         from outside (as Megatron's code and tests do) are destroyed too, skipping
         ``None`` and ``NON_GROUP_MEMBER``.
         """
-        self._guard_ledger.release()
-        mine = self._view_keys(own_only=True)
-        freed = self._root._pool.release_registry(self._pgs, mine)
-        if self._root is self and (self._stale_epoch() or self._creations or mine):
-            self._epoch, self._creations = max(self._epoch, self._resync) + 1, 0
+        self._core.guard_ledger.release()
+        mine = self._core.view_keys(own_only=True)
+        freed = self._core.registry.pool.release_registry(self._core.registry.groups, mine)
+        if self._core.root is self and (self._core.stale_epoch() or self._core.creations or mine):
+            self._core.epoch, self._core.creations = max(self._core.epoch, self._core.resync) + 1, 0
         for group in freed:
             # torch no longer knows this group (destroyed elsewhere), or it is no group of this world.
             with contextlib.suppress(ValueError, RuntimeError):

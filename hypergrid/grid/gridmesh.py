@@ -46,8 +46,8 @@ __all__ = ["ROOT_NAME", "GridMesh", "MeshSource", "MeshSources"]
 #: The name of the root mesh's one dim: every rank of the grid.
 ROOT_NAME = "world"
 
-#: A mesh dim's family: the factorization (``"base"`` or a view) and its dims, outermost first.
-Family = tuple[str, tuple[str, ...]]
+#: A mesh dim's origin: the factorization (``"base"`` or a view) and its dims, outermost first.
+MeshDimOrigin = tuple[str, tuple[str, ...]]
 
 
 class GridMesh(DeviceMesh):
@@ -57,14 +57,14 @@ class GridMesh(DeviceMesh):
     holds ``_hg_source``, the ``MeshSource`` that resolves families to groups.
     """
 
-    _hg_families: dict[str, Family]
+    _hg_families: dict[str, MeshDimOrigin]
     _hg_source: MeshSource
 
     def _source(self) -> MeshSource:
         source: MeshSource = self._get_root_mesh()._hg_source  # type: ignore[attr-defined]
         return source
 
-    def _family_of(self, name: str) -> Family:
+    def _family_of(self, name: str) -> MeshDimOrigin:
         if name in self._hg_families:
             return self._hg_families[name]
         return self._get_root_mesh()._flatten_mapping[name]._hg_families[name]  # type: ignore[attr-defined,no-any-return]
@@ -126,7 +126,7 @@ class GridMesh(DeviceMesh):
         return object.__new__, (DeviceMesh,), state
 
 
-def _adopt(mesh: DeviceMesh, families: dict[str, Family]) -> GridMesh:
+def _adopt(mesh: DeviceMesh, families: dict[str, MeshDimOrigin]) -> GridMesh:
     """Make a mesh torch built from a ``GridMesh`` one too (same state, plus its dims' families)."""
     mesh.__class__ = GridMesh
     adopted: GridMesh = mesh  # type: ignore[assignment]
@@ -178,11 +178,11 @@ class MeshSource:
 
     def spaces(self, first: str | None) -> list[Space]:
         """Every factorization of the grid's ranks: ``first`` (a view name), then the base, then the views."""
-        views = self.grid._views
+        views = self.grid._core.registry.views
         order = ([first] if first in views else []) + [name for name in views if name != first]
         return [(name, views[name].layout) for name in order]
 
-    def family(self, axis: Axis, first: str | None, call: str) -> Family:
+    def family(self, axis: Axis, first: str | None, call: str) -> MeshDimOrigin:
         """The family whose groups lie along ``axis``, searched from ``first``; ``DimsError`` if none has."""
         found = family_of_axis(self.spaces(first), axis)
         if found is None:
@@ -193,7 +193,7 @@ class MeshSource:
             )
         return found
 
-    def create(self, families: Sequence[Family]) -> None:
+    def create(self, families: Sequence[MeshDimOrigin]) -> None:
         """Create the families not created yet: one ``create_pgs`` (one guard round) per factorization.
 
         Collective like ``create_pgs``; every rank sees the same registry, so every rank batches the same.
@@ -202,19 +202,19 @@ class MeshSource:
         missing: dict[str, dict[PgKey, list[str]]] = {}
         scheduled: set[PgKey] = set()
         for view, dims in families:
-            key = grid._key(list(dims), view, None, None, None)
-            if key not in grid._pgs and key not in scheduled:
+            key = grid._core.key(list(dims), view, None, None, None)
+            if key not in grid._core.registry.groups and key not in scheduled:
                 scheduled.add(key)
                 missing.setdefault(view, {})[key] = list(dims)
         for view, batch in missing.items():
             grid.create_pgs(list(batch.values()), view=view)
 
-    def _groups(self, families: Sequence[Family], call: str) -> list[tuple[PgKey, dist.ProcessGroup]]:
+    def _groups(self, families: Sequence[MeshDimOrigin], call: str) -> list[tuple[PgKey, dist.ProcessGroup]]:
         """The caller's group of each family, created on first use (every rank creates before any refuses)."""
         grid = self.grid
         self.create(families)
-        keys = [grid._key(list(dims), view, None, None, None) for view, dims in families]
-        groups = [member_or_none(grid._pgs[key]) for key in keys]
+        keys = [grid._core.key(list(dims), view, None, None, None) for view, dims in families]
+        groups = [member_or_none(grid._core.registry.groups[key]) for key in keys]
         if any(group is None for group in groups):
             raise RankError(
                 f"{call}: rank {dist.get_rank()} is outside the grid of shape {grid.shape} {grid.dim_names} "
@@ -230,7 +230,9 @@ class MeshSource:
         if entry is not None:
             self.holds[entry] = {key for key, _ in held}
 
-    def build(self, layout: _MeshLayout, families: dict[str, Family], call: str, *, entry: Hashable | None) -> GridMesh:
+    def build(
+        self, layout: _MeshLayout, families: dict[str, MeshDimOrigin], call: str, *, entry: Hashable | None
+    ) -> GridMesh:
         """A mesh over the root with ``layout``, whose dims hold the groups of ``families`` (in mesh order)."""
         held = self._groups(list(families.values()), call)
         mesh = GridMesh(
@@ -268,7 +270,7 @@ class MeshSource:
         self.meshes[request] = mesh
         return mesh
 
-    def _root_itself(self, family: Family) -> GridMesh:
+    def _root_itself(self, family: MeshDimOrigin) -> GridMesh:
         """The root mesh, its one dim holding the grid's all-dims group (the default group for a whole world)."""
         held = self._groups([family], "to_device_mesh")
         root = self.root
@@ -312,7 +314,7 @@ class MeshSources:
     def __init__(self, grid: Any) -> None:
         self.grid = grid
         self.by_device: dict[str, MeshSource] = {}
-        grid._pool.on_release(self.released)
+        grid._core.registry.pool.on_release(self.released)
 
     def source(self, device_type: str) -> MeshSource:
         if not isinstance(device_type, str) or not device_type:

@@ -23,18 +23,14 @@ __all__ = ["MeshExport"]
 class MeshExport(GridFacet):
     """Export to ``torch.distributed.device_mesh.DeviceMesh`` (a mixin of ``HyperCommGrid``)."""
 
-    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
-        _root: Any
-        _view_name: str
-
     def _mesh_sources(self) -> MeshSources:
         """The root grid's meshes (created on the first export; ``destroy`` forgets what it releases)."""
-        root = self._root
-        sources: MeshSources | None = root.__dict__.get("_device_meshes")
+        root = self._core.root
+        sources: MeshSources | None = root._core.registry.device_meshes
         if sources is None:
             from hypergrid.grid.gridmesh import MeshSources  # torch's device_mesh module: imported on first use
 
-            sources = root.__dict__["_device_meshes"] = MeshSources(root)
+            sources = root._core.registry.device_meshes = MeshSources(root)
         return sources
 
     def to_device_mesh(self, dims: MeshDims, device_type: str = "cpu") -> Any:
@@ -119,8 +115,8 @@ class MeshExport(GridFacet):
                 f"to_device_meshes takes a list of mesh dims (each as to_device_mesh takes), got {shown(dims_list)}"
             )
         check_str("to_device_mesh", "device_type", device_type, DEVICE_TYPE, "a device type like 'cpu' or 'cuda'")
-        views = self._root._views
-        others = [(name, view.layout) for name, view in views.items() if name != self._view_name]
-        plans = [MeshPlan(self.layout, dims, others, space=self._view_name) for dims in dims_list]
+        views = self._core.registry.views
+        others = [(name, view.layout) for name, view in views.items() if name != self._core.view_name]
+        plans = [MeshPlan(self.layout, dims, others, space=self._core.view_name) for dims in dims_list]
         self._require_initialized("to_device_mesh")
         return self._mesh_sources().source(device_type).export(plans)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
@@ -26,10 +26,6 @@ from hypergrid.layout.hierarchy import node_size as _ranks_per_node
 from hypergrid.validation import check_bool, check_int, refuse
 from hypergrid.values import shown
 
-if TYPE_CHECKING:
-    from hypergrid.binding.registry import PgKey
-    from hypergrid.layout import GridLayout
-
 _LOG = logging.getLogger("hypergrid")
 
 __all__ = ["NodeAwareness"]
@@ -37,10 +33,6 @@ __all__ = ["NodeAwareness"]
 
 class NodeAwareness(GridFacet):
     """Node spans of families, the node-local ranks and group, placement reports (a mixin of ``HyperCommGrid``)."""
-
-    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
-        _root: Any
-        _families: dict[PgKey, tuple[GridLayout, tuple[str, ...], int | None]]
 
     def node_report(self, ranks_per_node: int | None = None) -> list[dict[str, Any]]:
         """For each family, how many nodes its groups span (``ranks_per_node`` from ``LOCAL_WORLD_SIZE``).
@@ -170,11 +162,11 @@ class NodeAwareness(GridFacet):
         check_live("placement_report")
         with peer_failures("placement_report"):
             dist.all_gather_object(gathered, mine)
-        root = self._root
+        root = self._core.root
         families = [
             (guard_key(key), layout.rank_enum_array(dims))
-            for key, (layout, dims, _) in root._families.items()
-            if key in root._registry
+            for key, (layout, dims, _) in root._core.registry.families.items()
+            if key in root._core.registry.groups
         ]
         report = build_report(
             [host for host, _ in gathered], [rank for _, rank in gathered], families, per_node, topology

@@ -55,7 +55,7 @@ from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.liveness import FAILURE, ended_key
 from hypergrid.agreement.liveness import PREFIX as LIVE_PREFIX
 from hypergrid.agreement.membership import MembershipRound, Proposal, round_prefix
-from hypergrid.agreement.world import WORLDS, World, current_watcher
+from hypergrid.agreement.world import World, adopt, current_watcher, current_world, register
 from hypergrid.binding import alarm
 from hypergrid.binding.failures import communicate
 from hypergrid.binding.reform import (
@@ -78,14 +78,14 @@ from hypergrid.values import format_ranks
 
 __all__ = ["Recovery", "families_digest"]
 
-#: One family to re-create: its registry key, and what ``_create_families`` needs (dims, view, tag, kwargs).
-Family = tuple[PgKey, dict[str, Any]]
+#: A recreation (one family to re-create): its key, and what ``_create_families`` needs (dims, view, tag, kwargs).
+Recreation = tuple[PgKey, dict[str, Any]]
 
 #: The step agreement's "no value" (the neutral element of its MIN), above every step.
 _NONE = MAX_STEP + 1
 
 
-def families_digest(families: Sequence[Family], description: str) -> str:
+def families_digest(families: Sequence[Recreation], description: str) -> str:
     """A short digest of the families a grid will re-create (equal on ranks that would create the same).
 
     Examples:
@@ -157,13 +157,15 @@ class Recovery:
 
     # -- 2. the plan ----------------------------------------------------------------------
 
-    def plan(self, dead: Sequence[int], policy: str, dim: str, families: Sequence[Family]) -> tuple[ShrinkPlan, Any]:
+    def plan(
+        self, dead: Sequence[int], policy: str, dim: str, families: Sequence[Recreation]
+    ) -> tuple[ShrinkPlan, Any]:
         """The new world and the successor grid, every family checked on it; nothing is torn down here."""
         grid = self.grid
         plan = plan_shrink(grid.layout, self.world, grid.spares, dead, dim, policy)
         successor = grid._successor(plan)  # views checked here
         for _, spec in families:
-            _, layout, view = successor._family(spec["dims"], spec["view"])
+            _, layout, view = successor._core.family(spec["dims"], spec["view"])
             scope = next((half for half in ("within", "across") if half in spec["kwargs"]), None)
             if scope is not None:  # a half that no longer fits is refused now, not after the teardown
                 ordered = view.layout.canonical_dims(spec["dims"])
@@ -172,7 +174,9 @@ class Recovery:
 
     # -- 3.-4. tear down, then form worlds until one holds --------------------------------
 
-    def carry_on(self, plan: ShrinkPlan, successor: Any, families: Sequence[Family], policy: str, dim: str) -> Regrid:
+    def carry_on(
+        self, plan: ShrinkPlan, successor: Any, families: Sequence[Recreation], policy: str, dim: str
+    ) -> Regrid:
         """Tear the old world down and form the new one (attempt after attempt); this rank's `Regrid`.
 
         The old world's watcher answers for this rank until the new world
@@ -180,7 +184,7 @@ class Recovery:
         start just before its commit, so all of them run once it passes), and
         it ends with the old world (`Watcher.end_world`).
         """
-        grid, world = self.grid, WORLDS.current()
+        grid, world = self.grid, current_world()
         old = None if world is None else world.watcher
         if world is not None:
             world.reforming = True  # the teardown of its default group does not close it: its watcher answers on
@@ -189,7 +193,7 @@ class Recovery:
             store: Any = c10d._get_default_store()
             for dead in plan.dead:  # the dead cannot release their guard announcements themselves
                 store.delete_key(announce_key(dead))
-        grid._root._guard_ledger.dead.update(plan.dead)  # nor count themselves out of the grid's last commits
+        grid._core.root._core.guard_ledger.dead.update(plan.dead)  # nor count themselves out of the grid's last commits
         grid.abort()
         self.clock.lap("abort")
         number = self.epoch.number + 1
@@ -250,14 +254,13 @@ class Recovery:
 
     def _watch(self, old: World | None, number: int, rank: int, size: int) -> None:
         """Adopt the new world ``number``: its watcher on the old world's connection (or a new one without it)."""
-        base = self.epoch.base_store
-        world = WORLDS.current() or World(number, rank, size, base, namespace=current_epoch().namespace)
+        world = current_world() or World(number, rank, size, self.epoch.base_store, namespace=current_epoch().namespace)
         if old is not None:
             world.take_over(old)
         world.start_watching()
-        WORLDS.adopt(world)
+        adopt(world)
 
-    def _form(self, plan: ShrinkPlan, successor: Any, families: Sequence[Family], number: int, old: Any) -> None:
+    def _form(self, plan: ShrinkPlan, successor: Any, families: Sequence[Recreation], number: int, old: Any) -> None:
         """One attempt at world ``number``: ready barrier, default group, families, step, commit (``old``: watcher).
 
         The commit barrier's verdict is the attempt's outcome on every member:
@@ -291,7 +294,7 @@ class Recovery:
             # Until the commit passes, the attempt asks the old world's roll call (its watcher answers on); the new
             # world's watcher starts on the old one's connection once the old world ended (`_watch`).
             formed = reform_world(self.epoch, new_rank, size, timeout, excluded, number, self.timeout_s)
-            WORLDS.register(World(number, new_rank, size, self.epoch.base_store, namespace=formed.namespace))
+            register(World(number, new_rank, size, self.epoch.base_store, namespace=formed.namespace))
             self.clock.lap("world")
             successor._recreate(self.held_by_all(families, number), self.timeout_s)
             self.clock.lap("families")
@@ -306,7 +309,7 @@ class Recovery:
         commit.run()
         self.clock.lap("commit")
 
-    def held_by_all(self, families: Sequence[Family], number: int) -> list[Family]:
+    def held_by_all(self, families: Sequence[Recreation], number: int) -> list[Recreation]:
         """The families to re-create in world ``number``: on a ``"local"`` grid, those every member holds.
 
         Members-only creation commits each group alone: a death while one

@@ -13,44 +13,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hypergrid.agreement.guard import grid_ordinal
 from hypergrid.binding.facet import GridFacet
-from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, tagged, untagged
-from hypergrid.errors import DimsError, GridSpecError, InvalidArgumentError, ViewNotFoundError
-from hypergrid.layout import KEY_SEPARATOR, MAX_WORLD_SIZE, Dims, GridLayout
+from hypergrid.errors import GridSpecError
+from hypergrid.grid.core import BASE_VIEW, RankView
+from hypergrid.layout import MAX_WORLD_SIZE, GridLayout
 from hypergrid.values import as_int, is_int, shown
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+    from hypergrid.grid.core import GridCore
+
 __all__ = ["BASE_VIEW", "RankView", "Views"]
-
-#: Name of the factorization a grid is constructed with (Megatron's name for it).
-BASE_VIEW = "base"
-
-
-@dataclass
-class RankView:
-    """A named factorization of the grid's ranks (Megatron's view record: name, shape, dim_names, shared_dims)."""
-
-    name: str
-    shape: list[int]
-    dim_names: list[str]
-    shared_dims: list[str]
-    layout: GridLayout = field(repr=False, compare=False)
-
-
-def _names_of(dims: Dims) -> list[object]:
-    if isinstance(dims, str):
-        return list(dims.split(KEY_SEPARATOR))
-    if isinstance(dims, (list, tuple)):
-        return list(dims)
-    return [dims]
 
 
 def _check_sequences(shape: object, dim_names: object, shared_dims: object) -> None:
@@ -74,8 +53,10 @@ def _check_name(name: object) -> str:
 
 def _check_view_spec(root: Views, name: object, shape: Sequence[int], dim_names: Sequence[str]) -> None:
     _check_name(name)
-    if name in root._views:
-        raise GridSpecError(f"View {shown(name)} is already registered; registered views: {sorted(root._views)}")
+    if name in root._core.registry.views:
+        raise GridSpecError(
+            f"View {shown(name)} is already registered; registered views: {sorted(root._core.registry.views)}"
+        )
     if len(shape) != len(dim_names):
         raise GridSpecError(
             f"len(shape) {shown(list(shape))} != len(dim_names) {shown(list(dim_names))} for view {shown(name)}: "
@@ -124,16 +105,7 @@ class Views(GridFacet):
     """Other factorizations of the grid's ranks (a mixin of ``HyperCommGrid``)."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid.grid)
-        _root: Self
-        _registry: dict[PgKey, object]
-        _view_name: str
-        _views: dict[str, RankView]
-        share_groups: bool
-        group_options: dict[str, Any]
-        _ordinal: int
-
-        def _describe(self) -> str: ...
-        def _init_kwargs(self) -> dict[str, Any]: ...
+        _core: GridCore
 
         def __init__(
             self,
@@ -174,13 +146,13 @@ class Views(GridFacet):
             >>> grid.get_rank_enum(["ep", "expt_tp"], view="expert")
             [[0, 1, 2, 3], [4, 5, 6, 7]]
         """
-        root = self._root
+        root: Self = self._core.root
         _check_sequences(shape, dim_names, shared_dims)
         _check_view_spec(root, name, shape, dim_names)
         layout = GridLayout([int(s) for s in shape], dim_names, root.rank_offset)
         shared = [] if shared_dims is None else list(shared_dims)
         _check_shared(root, name, layout, shared)
-        root._views[name] = RankView(name, list(layout.shape), list(dim_names), shared, layout)
+        root._core.registry.views[name] = RankView(name, list(layout.shape), list(dim_names), shared, layout)
 
     def view(
         self,
@@ -216,7 +188,7 @@ class Views(GridFacet):
             >>> expert.shape, expert.shared_dims, expert.get_rank_enum("ep")
             ([4, 1, 2], ('pp',), [[0, 1, 2, 3], [4, 5, 6, 7]])
         """
-        root = self._root
+        root: Self = self._core.root
         _check_sequences(shape, dim_names, shared_dims)
         if name is not None:
             _check_name(name)
@@ -225,7 +197,7 @@ class Views(GridFacet):
         shared = common if shared_dims is None else list(shared_dims)
         if name is None:
             name = "view:" + "-".join(f"{dim}{size}" for dim, size in zip(dim_names, sizes)) + f" shared:{shared}"
-        known = root._views.get(name)
+        known = root._core.registry.views.get(name)
         if known is None or (known.shape, known.dim_names, known.shared_dims) != (sizes, list(dim_names), shared):
             root.register_view(name, sizes, dim_names, shared)
         return root._bound_view(name)
@@ -242,71 +214,25 @@ class Views(GridFacet):
             raise GridSpecError(f"view shape {shown(sizes)} has {len(wild)} sizes of -1; at most one can be inferred")
         if wild:
             known = math.prod(int(s) for i, s in enumerate(sizes) if i != wild[0] and is_int(s) and s > 0)
-            if self._root.size % known:
+            if self._core.root.size % known:
                 raise GridSpecError(
-                    f"cannot infer the -1 in view shape {shown(sizes)}: the grid's {self._root.size} ranks are not a "
-                    f"multiple of the other sizes' product {shown(known)}"
+                    f"cannot infer the -1 in view shape {shown(sizes)}: the grid's {self._core.root.size} ranks are "
+                    f"not a multiple of the other sizes' product {shown(known)}"
                 )
-            sizes[wild[0]] = self._root.size // known
+            sizes[wild[0]] = self._core.root.size // known
         return sizes
 
     @property
     def shared_dims(self) -> tuple[str, ...]:
         """The dims whose groups this grid takes from its root grid (empty for a root grid)."""
-        return tuple(self._root._views[self._view_name].shared_dims)
+        return tuple(self._core.registry.views[self._core.view_name].shared_dims)
 
     # -- registry keys --------------------------------------------------------
 
-    def _rank_view(self, view: str | None) -> RankView:
-        name = self._view_name if view is None else view
-        views = self._root._views
-        if not isinstance(name, str):
-            raise InvalidArgumentError(f"view={shown(view)}: expected None or a registered view's name {sorted(views)}")
-        if name not in views:
-            raise ViewNotFoundError(f"View {shown(name)} is not registered. Registered views: {sorted(views)}")
-        return views[name]
-
-    def _family(self, dims: Dims, view: str | None) -> tuple[PgKey, GridLayout, RankView]:
-        """The registry key of a family, the layout that enumerates it, and its view."""
-        spec = self._rank_view(view)
-        for dim in _names_of(dims):
-            if isinstance(dim, str) and dim and dim not in spec.dim_names:
-                where = f"view {shown(spec.name)} with" if len(self._root._views) > 1 else "the grid's"  # no views made
-                raise DimsError(f"{shown(dim)} is not in {where} dim_names {spec.dim_names} (in dims {shown(dims)})")
-        ordered = spec.layout.canonical_dims(dims)
-        if spec.name == BASE_VIEW:
-            return KEY_SEPARATOR.join(ordered), spec.layout, spec
-        if set(ordered) <= set(spec.shared_dims):
-            base = self._root.layout
-            return base.key(list(ordered)), base, spec
-        return (spec.name, ordered), spec.layout, spec
-
-    def _view_keys(self, own_only: bool) -> list[PgKey]:
-        """Registry keys of this grid's families: all of them on a root grid.
-
-        On a grid returned by ``view()``: with ``own_only``, the registry keys of
-        its private families (what its ``destroy`` may tear down); otherwise its
-        created families as canonical strings of its dims, shared ones included.
-        """
-        registry = self._root._registry
-        if self._root is self:
-            return list(registry)
-        shared = set(self.shared_dims)
-        keys: list[PgKey] = []
-        for key in registry:
-            family, tag = untagged(key)
-            if isinstance(family, tuple) and family[0] == self._view_name:
-                keys.append(key if own_only else tagged(KEY_SEPARATOR.join(family[1]), tag))
-            elif not own_only and isinstance(family, str):
-                base, separator, half = family.partition(SCOPE_SEPARATOR)  # "dp|within=node": a hierarchy's half
-                if set(base.split(KEY_SEPARATOR)) <= shared:
-                    keys.append(tagged(self.layout.key(base) + separator + half, tag))
-        return keys
-
     def _bound_view(self, name: str) -> Self:
-        root = self._root
-        spec = root._views[name]
-        bound = type(root)(spec.shape, spec.dim_names, root.rank_offset, **root._init_kwargs())
-        bound._root, bound._view_name = root, name
-        grid_ordinal(bound._describe(), forget=bound._ordinal)  # a view creates through its root: no grid of its own
+        root: Self = self._core.root
+        spec = root._core.registry.views[name]
+        bound = type(root)(spec.shape, spec.dim_names, root.rank_offset, **root._core.init_kwargs())
+        bound._core.bind(root, name)
+        grid_ordinal(bound._core.describe(), forget=bound._core.ordinal)  # a view creates through its root only
         return bound

@@ -27,7 +27,6 @@ them through the store and raises the same error on every rank that waits.
 from __future__ import annotations
 
 import os
-import weakref
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -218,14 +217,27 @@ class CallLedger:
         return number
 
 
-_ledgers: weakref.WeakKeyDictionary[Any, CallLedger] = weakref.WeakKeyDictionary()
+def compare_call(
+    grid: Any,
+    call: str,
+    dims: Any,
+    tensor: object,
+    op: object = None,
+    extra: object = None,
+    aux: Sequence[int] = (),
+    pairing: Pairing | None = None,
+) -> None:
+    """With checked collectives on: create the family if needed and compare this call across the group."""
+    if grid._core.root.check_collectives:
+        group = grid._member_pg(dims, call)
+        family = guard_key(grid._core.key(dims, None, None, None, None))
+        fields = signature(call, tensor, op, extra, aux)
+        compare_calls(grid, family, [(group, family)], fields, tensor, call, dims, pairing)
 
 
 def ledger_of(root: Any) -> CallLedger:
-    """The `CallLedger` of a root grid (kept beside it, not in it)."""
-    found = _ledgers.get(root)
-    if found is None:
-        found = _ledgers[root] = CallLedger(root._epoch)
+    """The `CallLedger` of a root grid (it holds one from its construction)."""
+    found: CallLedger = root._core.call_ledger
     return found
 
 
@@ -300,9 +312,9 @@ def compare_calls(
             distinct call and the ranks that made it), or the calls can never meet.
         RankFailure: a member is gone (the gather failed because of it).
     """
-    root = grid._root
+    root = grid._core.root
     ledger = ledger_of(root)
-    number = ledger.start(family, root._epoch)
+    number = ledger.start(family, root._core.epoch)
     if ledger.broken is not None:
         raise ledger.broken
     row = [dist.get_rank(), family_code(family), number, *fields]
@@ -349,4 +361,4 @@ def same_head(table: list[list[int]]) -> bool:
 
 
 def _families_of(root: Any) -> list[str]:
-    return [guard_key(key) for key in getattr(root, "_families", {})]
+    return [guard_key(key) for key in root._core.registry.families]

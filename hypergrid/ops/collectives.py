@@ -19,8 +19,7 @@ rank instead of leaving the others waiting.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,10 +30,10 @@ from hypergrid.binding.registry import guard_key
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout import Dims
 from hypergrid.ops.checks import (
-    Pairing,
     all_gather_single,
     check_collectives_flag,
     check_reduce_op,
+    compare_call,
     compare_calls,
     signature,
 )
@@ -53,30 +52,6 @@ _reduce_scatter_single: Any = getattr(dist, "reduce_scatter_single", None) or di
 
 class Collectives(GridFacet):
     """Collectives on the caller's group of any family (a mixin of ``HyperCommGrid``)."""
-
-    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid.batch)
-
-        def _key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> Any: ...
-        def _node_size_of(self, key: Any, given: object, half: object) -> int | None: ...
-
-        _root: Any
-
-    def _compare_call(
-        self,
-        call: str,
-        dims: Dims,
-        tensor: object,
-        op: object = None,
-        extra: object = None,
-        aux: Sequence[int] = (),
-        pairing: Pairing | None = None,
-    ) -> None:
-        """With checked collectives on: create the family if needed and compare this call across the group."""
-        if self._root.check_collectives:
-            group = self._member_pg(dims, call)
-            family = guard_key(self._key(dims, None, None, None, None))
-            fields = signature(call, tensor, op, extra, aux)
-            compare_calls(self, family, [(group, family)], fields, tensor, call, dims, pairing)
 
     def _chunk_dim(self, tensor: torch.Tensor, dims: Dims, dim: int, what: str) -> tuple[int, int]:
         """``(dim, chunk size)`` for splitting ``tensor`` along ``dim`` into one chunk per group member."""
@@ -144,7 +119,7 @@ class Collectives(GridFacet):
             [1.0, 1.0]
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        self._compare_call("all_reduce", dims, tensor, op)
+        compare_call(self, "all_reduce", dims, tensor, op)
         check_tensor(tensor, "all_reduce")
         check_reduce_op(op, "all_reduce")
         check_bool("all_reduce", "async_op", async_op)
@@ -176,7 +151,7 @@ class Collectives(GridFacet):
             torch.Size([2, 3])
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        self._compare_call("all_gather", dims, tensor, None, dim)
+        compare_call(self, "all_gather", dims, tensor, None, dim)
         index = tensor_dim(check_tensor(tensor, "all_gather", dense=True), dim, "all_gather")
         group = self._member_pg(dims, "all_gather")
         moved = tensor.movedim(index, 0).contiguous()
@@ -206,7 +181,7 @@ class Collectives(GridFacet):
             [0.0, 1.0, 2.0, 3.0]
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        self._compare_call("reduce_scatter", dims, tensor, op, dim)
+        compare_call(self, "reduce_scatter", dims, tensor, op, dim)
         check_reduce_op(op, "reduce_scatter")
         index, chunk = self._chunk_dim(check_tensor(tensor, "reduce_scatter", dense=True), dims, dim, "reduce_scatter")
         group = self._member_pg(dims, "reduce_scatter")
@@ -243,7 +218,7 @@ class Collectives(GridFacet):
             hypergrid.errors.InvalidArgumentError: broadcast over dims 'tp': group_src=1 is not a rank ...
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        self._compare_call("broadcast", dims, tensor, None, group_src)
+        compare_call(self, "broadcast", dims, tensor, None, group_src)
         check_tensor(tensor, "broadcast")
         check_bool("broadcast", "async_op", async_op)
         members = self.layout.group_size(dims)
@@ -280,7 +255,7 @@ class Collectives(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         check_bool("barrier", "async_op", async_op)
-        self._compare_call("barrier", dims, None)
+        compare_call(self, "barrier", dims, None)
         group = self._member_pg(dims, "barrier")
         work: Watched | None = communicate(f"barrier over {shown(dims)}", dist.barrier, group=group, async_op=async_op)
         return work
@@ -336,14 +311,17 @@ class Collectives(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         what, per_node = "hierarchical_all_reduce", {"ranks_per_node": ranks_per_node}
-        checking = self._root.check_collectives
+        checking = self._core.root.check_collectives
         if not checking:
             check_tensor(tensor, what, dense=True, written=True)
             check_reduce_op(op, what)
         self.pg(dims, across="node", **per_node)  # every rank takes part in both creations before any raises
         inner = self._member_pg(dims, what, within="node", **per_node)
         outer = self._member_pg(dims, what, across="node", **per_node)
-        cuts = {half: self._node_size_of(self._key(dims, None, None, *scope), None, "node") for half, scope in _HALVES}
+        cuts = {
+            half: self._core.node_size_of(self._core.key(dims, None, None, *scope), None, "node")
+            for half, scope in _HALVES
+        }
         if cuts["within"] != cuts["across"]:
             raise InvalidArgumentError(
                 f"the halves of {shown(dims)} were cut for different node sizes (within: {cuts['within']} "
@@ -352,10 +330,10 @@ class Collectives(GridFacet):
             )
         if checking:
             halves = [
-                (inner, guard_key(self._key(dims, None, None, "node", None))),
-                (outer, guard_key(self._key(dims, None, None, None, "node"))),
+                (inner, guard_key(self._core.key(dims, None, None, "node", None))),
+                (outer, guard_key(self._core.key(dims, None, None, None, "node"))),
             ]
-            family = guard_key(self._key(dims, None, None, None, None))
+            family = guard_key(self._core.key(dims, None, None, None, None))
             compare_calls(self, family, halves, signature(what, tensor, op), tensor, what, dims)
             check_tensor(tensor, what, dense=True, written=True)
             check_reduce_op(op, what)

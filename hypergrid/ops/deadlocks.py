@@ -84,14 +84,15 @@ def namespace(root: Any) -> str:
     """The store prefix of a grid's waiting comparisons in its current epoch (``destroy()`` starts the next).
 
     Examples:
+        >>> from types import SimpleNamespace
         >>> class Grid:
-        ...     _ordinal, _epoch = 0, 2
-        ...     def _describe(self): return "tp2-dp2"
+        ...     _core = SimpleNamespace(ordinal=0, epoch=2, describe=lambda: "tp2-dp2")
         >>> namespace(Grid()).endswith("/e2")
         True
     """
-    digest = hashlib.sha1(f"{root._ordinal}:{root._describe()}".encode(), usedforsecurity=False).hexdigest()[:16]
-    return f"hypergrid/checked/{digest}/e{root._epoch}"
+    text = f"{root._core.ordinal}:{root._core.describe()}"
+    digest = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:16]
+    return f"hypergrid/checked/{digest}/e{root._core.epoch}"
 
 
 def wait_comparing(work: Watched, what: str, pending: Pending, on_cpu: bool = True) -> None:
@@ -197,7 +198,10 @@ class _Watch:
 
     def _cycle(self) -> list[dict[str, Any]] | None:
         """The waits from this rank back to itself, if the records show such a path (depth first)."""
-        families = {guard_key(key): (layout, dims) for key, (layout, dims, _) in self.pending.root._families.items()}
+        families = {
+            guard_key(key): (layout, dims)
+            for key, (layout, dims, _) in self.pending.root._core.registry.families.items()
+        }
         records: dict[int, dict[str, Any] | None] = {self.rank: self.record}
 
         def record_of(rank: int) -> dict[str, Any] | None:

@@ -11,7 +11,6 @@ the group size elsewhere (gloo has no ``AVG``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,7 +20,7 @@ from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import communicate
 from hypergrid.errors import HyperGridError, InvalidArgumentError
 from hypergrid.layout import Dims
-from hypergrid.ops.checks import check_code
+from hypergrid.ops.checks import check_code, compare_call
 from hypergrid.validation import check_number
 from hypergrid.values import first_line, shown
 
@@ -160,13 +159,6 @@ def _layout_of(buckets: list[list[torch.Tensor]]) -> tuple[int, int, int, int]:
 class Gradients(GridFacet):
     """Gradient averaging over a family (a mixin of ``HyperCommGrid``)."""
 
-    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.ops.collectives)
-        _root: Any
-
-        def _compare_call(
-            self, call: str, dims: Dims, tensor: object, op: object = None, extra: object = None, aux: Any = ()
-        ) -> None: ...
-
     def average_gradients(self, module_or_params: object, dims: Dims = "dp", *, bucket_mb: float = 25) -> None:
         """Average the gradients of a module's parameters in place over the caller's group of ``dims``.
 
@@ -211,13 +203,13 @@ class Gradients(GridFacet):
         try:
             buckets = gradient_buckets(_parameters(module_or_params), bucket_mb, members)  # every check first
         except HyperGridError as error:
-            if not self._root.check_collectives:
+            if not self._core.root.check_collectives:
                 raise
             # Compared all the same, so that the other members raise too instead of waiting: then raised here.
-            self._compare_call("average_gradients", dims, None, aux=(-2, check_code(first_line(error))))
+            compare_call(self, "average_gradients", dims, None, aux=(-2, check_code(first_line(error))))
             raise
-        if self._root.check_collectives:
-            self._compare_call("average_gradients", dims, None, aux=_layout_of(buckets))
+        if self._core.root.check_collectives:
+            compare_call(self, "average_gradients", dims, None, aux=_layout_of(buckets))
         group = self._member_pg(dims, "average_gradients")
         size = dist.get_world_size(group)
         op = dist.ReduceOp.AVG if dist.get_backend(group) in _BACKENDS_WITH_AVG else dist.ReduceOp.SUM

@@ -10,7 +10,7 @@ blocking send followed by a receive can.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,7 +19,7 @@ from hypergrid.binding.facet import GridFacet
 from hypergrid.binding.failures import check_live, peer_failures, wait_works
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout import GridLayout
-from hypergrid.ops.checks import tensor_code
+from hypergrid.ops.checks import compare_call, tensor_code
 from hypergrid.validation import refuse
 from hypergrid.values import shown
 
@@ -70,20 +70,6 @@ def _what(code: int) -> str:
 
 class Pipeline(GridFacet):
     """Previous / next ranks along a dim and point-to-point op lists (a mixin of ``HyperCommGrid``)."""
-
-    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.ops.collectives)
-        _root: Any
-
-        def _compare_call(
-            self,
-            call: str,
-            dims: Any,
-            tensor: object,
-            op: object = None,
-            extra: object = None,
-            aux: Any = (),
-            pairing: Any = None,
-        ) -> None: ...
 
     def prev_rank(self, dim: str, rank: int | None = None) -> int:
         """The global rank one step before ``rank`` along ``dim``, wrapping around (a ring).
@@ -237,7 +223,7 @@ class Pipeline(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         arguments = ("exchange", self.layout, dim, send_next, send_prev, recv_next, recv_prev)
-        checking = self._root.check_collectives
+        checking = self._core.root.check_collectives
         if not checking:
             _checked(*arguments)  # before any group is created
         self.layout._one_dim(dim)
@@ -247,7 +233,7 @@ class Pipeline(GridFacet):
         given = {"send_next": send_next, "recv_prev": recv_prev, "send_prev": send_prev, "recv_next": recv_next}
         if checking:  # what each stage sends and receives, compared with its neighbours', then checked
             codes = [tensor_code(t) if present[name.split("_")[1]] else -1 for name, t in given.items()]
-            self._compare_call("exchange", dim, None, aux=codes, pairing=_pairs)
+            compare_call(self, "exchange", dim, None, aux=codes, pairing=_pairs)
         tensors = _checked(*arguments)
         kept = {name: t for name, t in tensors.items() if t is not None and present[name.split("_")[1]]}
         run_p2p(self.p2p_ops(dim, **kept), f"exchange along {shown(dim)}")

@@ -204,7 +204,7 @@ def test_shared_dim_groups_of_a_view_equal_the_base_grids(data: st.DataObject) -
     for k in range(1, len(shared) + 1):
         for combo in itertools.combinations(sorted(shared), k):
             assert {frozenset(g) for g in grid.get_rank_enum(combo, view="v")} == _group_sets(shape, names, combo)
-            assert grid._family(list(combo), "v")[0] == grid.layout.key(list(combo))  # the base key: one group
+            assert grid._core.family(list(combo), "v")[0] == grid.layout.key(list(combo))  # the base key: one group
 
 
 @given(st.data())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -33,6 +34,36 @@ def test_the_checks_find_a_circle_and_an_upward_import() -> None:
     assert layering.rank(layering.layer_of("grid.views")) > layering.rank(layering.layer_of("layout.spec"))
     assert layering.layer_of("grid") is layering.layer_of("grid.grid")
     assert layering.layer_of("") is layering.layer_of("autograd")  # the facade
+
+
+def test_adapters_use_no_private_member_of_the_grid() -> None:
+    assert {"_create_families", "_pgs", "_core", "_views"} <= layering.private_grid_members()  # the check sees them
+    uses = layering.adapter_private_uses()
+    assert not uses, f"compat uses private grid members (use hypergrid.grid.core.GridCore): {uses}"
+
+
+def test_facets_use_only_the_cores_declared_interface() -> None:
+    """No facet uses another's private member, reaches past GridCore's declared names, or keeps state of its own."""
+    assert {"grid.batch", "grid.views", "ops.collectives", "grid.elastic"} <= set(layering.facet_modules())
+    core = layering.declared(layering.CORE_MODULE, layering.CORE_CLASSES)
+    assert {"registry", "family", "key", "epoch", "views", "groups"} <= core  # the check sees the core
+    coupling = layering.facet_coupling()
+    assert not coupling, "\n".join(coupling)
+
+
+def test_module_level_state_is_the_registry_of_worlds_or_named() -> None:
+    """A new module-level dict, list, set or object (or a ``global``) fails until MODULE_STATE names its reason."""
+    found = layering.module_state()
+    unnamed = {name: kind for name, kind in found.items() if name not in layering.MODULE_STATE}
+    assert not unnamed, f"module-level mutable state (hold it in the World object or a grid): {unnamed}"
+    stale = sorted(set(layering.MODULE_STATE) - set(found))
+    assert not stale, f"tests/layering.py MODULE_STATE names state that is gone: {stale}"
+
+
+def test_the_state_check_sees_each_kind() -> None:
+    source = "a = {}\nb: list[int] = []\nc = {1}\nd = Thing()\ne = frozenset()\ndef f():\n    global a\n"
+    kinds = [layering._mutable_kind(node.value) for node in ast.parse(source).body[:5]]  # type: ignore[attr-defined]
+    assert kinds == ["a dict", "a list", "a set", "an instance (Thing(...))", None]
 
 
 def test_pure_layers_import_no_torch_anywhere() -> None:

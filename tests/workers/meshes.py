@@ -170,7 +170,7 @@ def mesh_scenarios() -> dict[str, Any]:
     after = grid.to_device_mesh({"batch": ("dp_replicate", "dp_shard"), "tp": "tp"})
     out["after_destroy"] = (after is not named, after._get_root_mesh() is not root, after.mesh.tolist())
     grid.destroy()
-    out["sources_left"] = len(grid.__dict__["_device_meshes"].by_device)
+    out["sources_left"] = len(grid._core.registry.device_meshes.by_device)
     return out
 
 

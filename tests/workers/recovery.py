@@ -22,7 +22,7 @@ from torch.distributed import distributed_c10d as c10d
 import hypergrid.grid.recovery
 from hypergrid import HyperCommGrid
 from hypergrid.agreement.diagnosis import announce_key
-from hypergrid.agreement.world import WORLDS
+from hypergrid.agreement.world import current_world
 from hypergrid.binding.reform import current_epoch
 from hypergrid.errors import HyperGridError, RankFailure
 
@@ -92,7 +92,7 @@ class KeyRecorder:
     def left(self, base: Any) -> list[str]:
         """The keys written that are still in their store; ``base`` (the main thread's connection to the job's
         store) looks up those written through the watcher's own connection, which is blocked in its wait."""
-        world = WORLDS.current()
+        world = current_world()
         busy = None if world is None else world._link
         return sorted({key for store, key in self.written if (base if store is busy else store).check([key])})
 

@@ -1,0 +1,225 @@
+"""``GridCore``: the typed core of a grid, where all of its state lives.
+
+``HyperCommGrid`` is a front over its facets (``GridFacet`` subclasses), which
+hold no state: a grid keeps everything in its ``_core``, and a facet uses only
+the names ``GridCore`` and its `Registry` (shared by a root and its views)
+declare (``tests/layering.py`` checks it). The adapters (``hypergrid.compat``)
+use ``grid_core(grid)``: ``root``, ``view_name``, ``rank_view``,
+``family_key`` and ``is_created``, never a private member of the grid.
+
+Examples:
+    >>> from hypergrid.grid import HyperCommGrid
+    >>> core = grid_core(HyperCommGrid([2, 2], ["tp", "dp"]))
+    >>> core.view_name, core.family_key(["dp", "tp"], None) == core.family_key("tp-dp", None)
+    ('base', True)
+    >>> core.rank_view(None).dim_names, core.is_created("tp", None, None), core.epoch
+    (['tp', 'dp'], False, 0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+
+from hypergrid.agreement.guard import GuardLedger, grid_ordinal, guard_failures
+from hypergrid.binding import alarm
+from hypergrid.binding.options import check_tag
+from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, scoped, tagged, untagged
+from hypergrid.errors import (
+    DimsError,
+    GridTooLargeError,
+    InvalidArgumentError,
+    UnexpectedArgumentError,
+    ViewNotFoundError,
+)
+from hypergrid.grid.communicators import GroupPool
+from hypergrid.grid.settings import describe, init_kwargs
+from hypergrid.layout import KEY_SEPARATOR, Dims, GridLayout
+from hypergrid.layout.hierarchy import node_size, resolve_scope
+from hypergrid.ops.checks import CallLedger
+from hypergrid.values import shown
+
+__all__ = ["BASE_VIEW", "GridCore", "RankView", "Registry", "check_fits", "grid_core"]
+
+#: Name of the factorization a grid is constructed with (Megatron's name for it).
+BASE_VIEW = "base"
+
+
+@dataclass
+class RankView:
+    """A named factorization of the grid's ranks (Megatron's view record: name, shape, dim_names, shared_dims)."""
+
+    name: str
+    shape: list[int]
+    dim_names: list[str]
+    shared_dims: list[str]
+    layout: GridLayout = field(repr=False, compare=False)
+
+
+@dataclass
+class Registry:
+    """What a root grid and the grids of its views share."""
+
+    views: dict[str, RankView]  # name -> every registered view, the base one included
+    groups: dict[PgKey, Any] = field(default_factory=dict)  # key -> the caller's group: Megatron's _pgs
+    # key -> the layout and dims that enumerate it, and a half's node size
+    families: dict[PgKey, tuple[GridLayout, tuple[str, ...], int | None]] = field(default_factory=dict)
+    pool: GroupPool = field(default_factory=GroupPool)  # groups shared by partition, backend, options, tag
+    spares_released: bool = False  # release_spares ran: the spares are gone
+    device_meshes: Any = None  # the DeviceMesh sources (gridmesh.MeshSources), made on the first export
+
+
+class GridCore:
+    """The state of one grid and the registry's operations on it (see the module docstring)."""
+
+    def __init__(self, grid: Any, layout: GridLayout) -> None:
+        self.grid = grid
+        self.root = grid
+        self.view_name = BASE_VIEW
+        self.registry = Registry(
+            {BASE_VIEW: RankView(BASE_VIEW, list(layout.shape), list(layout.dim_names), [], layout)}
+        )
+        # Its ordinal among grids of its description built in this process, destroy() calls that ended an
+        # epoch, creations in this epoch; resync: see stale_epoch.
+        self.ordinal = grid_ordinal(self.describe())
+        self.epoch, self.resync, self.failures_seen, self.creations = 0, 0, guard_failures(), 0
+        # The guard rounds whose keys may still be in the store (destroy() deletes them), and the checked
+        # collectives' call counts in this epoch (hypergrid.ops.checks; the root's is used).
+        self.guard_ledger, self.call_ledger = GuardLedger(), CallLedger()
+        # What one facet does for another, bound: guarded creation (batch) and the pool's sharing (communicators).
+        self.create_families: Callable[..., dict[PgKey, dist.ProcessGroup | None]] = grid._create_families
+        self.shared: Callable[..., tuple[Hashable, Any]] = grid._shared
+        self.keep: Callable[..., Any] = grid._keep
+
+    def bind(self, root: Any, view_name: str) -> None:
+        """Make this the core of a grid bound to ``root``'s view ``view_name`` (``view()``): it shares its registry."""
+        self.root, self.view_name, self.registry = root, view_name, root._core.registry
+
+    # -- what the grid is -------------------------------------------------------------
+
+    def describe(self) -> str:
+        """The grid in a few characters (`hypergrid.grid.settings.describe`)."""
+        grid = self.grid
+        return describe(grid.dim_names, grid.shape, grid.rank_offset, grid.backend)
+
+    def init_kwargs(self) -> dict[str, Any]:
+        """Every constructor argument but the shape, names and offset, as the root grid holds it.
+
+        Read from the constructor's signature: a grid built from another (a view,
+        a successor after ``shrink``) keeps every setting, including one added later.
+        """
+        return init_kwargs(self.root)
+
+    def stale_epoch(self) -> bool:
+        """Whether a guard round failed in this process (on any grid) since this grid's epoch began; now noted.
+
+        ``resync`` is the latest epoch another rank was seen in, by a guard
+        error on this grid: ``destroy()`` starts the epoch after it.
+        """
+        seen, self.failures_seen = self.failures_seen, guard_failures()
+        return seen < self.failures_seen
+
+    # -- registry keys --------------------------------------------------------
+
+    def rank_view(self, view: str | None) -> RankView:
+        """The record of ``view`` (None: the grid's own); ``ViewNotFoundError`` for one not registered."""
+        name = self.view_name if view is None else view
+        views = self.registry.views
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"view={shown(view)}: expected None or a registered view's name {sorted(views)}")
+        if name not in views:
+            raise ViewNotFoundError(f"View {shown(name)} is not registered. Registered views: {sorted(views)}")
+        return views[name]
+
+    def family(self, dims: Dims, view: str | None) -> tuple[PgKey, GridLayout, RankView]:
+        """The registry key of a family, the layout that enumerates it, and its view."""
+        spec = self.rank_view(view)
+        for dim in _names_of(dims):
+            if isinstance(dim, str) and dim and dim not in spec.dim_names:
+                where = f"view {shown(spec.name)} with" if len(self.registry.views) > 1 else "the grid's"  # no views
+                raise DimsError(f"{shown(dim)} is not in {where} dim_names {spec.dim_names} (in dims {shown(dims)})")
+        ordered = spec.layout.canonical_dims(dims)
+        if spec.name == BASE_VIEW:
+            return KEY_SEPARATOR.join(ordered), spec.layout, spec
+        if set(ordered) <= set(spec.shared_dims):
+            base = self.root.layout
+            return base.key(list(ordered)), base, spec
+        return (spec.name, ordered), spec.layout, spec
+
+    def family_key(self, dims: Dims, view: str | None) -> PgKey:
+        """The registry key of the family over ``dims`` of ``view``, untagged; ``DimsError`` for unknown dims."""
+        return self.family(dims, view)[0]
+
+    def key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> PgKey:
+        """The registry key of a family (or of one half of its hierarchy), with ``tag``; never on a fenced rank."""
+        family, checked = self.family(dims, view)[0], check_tag(tag)  # argument errors first
+        alarm.check_fence("pg" if checked is None else f"pg(tag={checked!r})")
+        return tagged(scoped(family, resolve_scope(within, across)), checked)
+
+    def is_created(self, dims: Dims, view: str | None, tag: str | None) -> bool:
+        """Whether the family over ``dims`` of ``view`` with ``tag`` is in the registry."""
+        return self.key(dims, view, tag, None, None) in self.registry.groups
+
+    def node_size_of(self, key: PgKey | None, given: object, half: object) -> int | None:
+        """The node size the half ``key`` was cut with; refuses a ``given`` one that differs or has no ``half``."""
+        if given is not None and half is None:
+            raise UnexpectedArgumentError(
+                f"ranks_per_node={shown(given)} without within= or across=; it sets the node size of a hierarchy's "
+                "half only"
+            )
+        stored: int | None = self.registry.families.get(key, (None, None, None))[2]  # type: ignore[arg-type]
+        if given is not None and stored is not None and node_size(given) != stored:  # type: ignore[arg-type]
+            raise InvalidArgumentError(
+                f"{key!r} was created with ranks_per_node={stored}, not {shown(given)}: a half is cut once; destroy() "
+                "the grid's groups to cut it again"
+            )
+        return stored
+
+    def view_keys(self, own_only: bool) -> list[PgKey]:
+        """Registry keys of this grid's families: all of them on a root grid.
+
+        On a grid returned by ``view()``: with ``own_only``, the registry keys of
+        its private families (what its ``destroy`` may tear down); otherwise its
+        created families as canonical strings of its dims, shared ones included.
+        """
+        registry = self.registry.groups
+        if self.root is self.grid:
+            return list(registry)
+        shared = set(self.grid.shared_dims)
+        keys: list[PgKey] = []
+        for key in registry:
+            family, tag = untagged(key)
+            if isinstance(family, tuple) and family[0] == self.view_name:
+                keys.append(key if own_only else tagged(KEY_SEPARATOR.join(family[1]), tag))
+            elif not own_only and isinstance(family, str):
+                base, separator, half = family.partition(SCOPE_SEPARATOR)  # "dp|within=node": a hierarchy's half
+                if set(base.split(KEY_SEPARATOR)) <= shared:
+                    keys.append(tagged(self.grid.layout.key(base) + separator + half, tag))
+        return keys
+
+
+def check_fits(grid: Any, world: int | None) -> None:
+    """Refuse a grid that does not fit in a world of ``world`` ranks (None: unknown)."""
+    if world is not None and grid.rank_offset + grid.size > world:
+        raise GridTooLargeError(
+            f"Grid shape {grid.shape} is over sized with world size {world} and rank offset "
+            f"{grid.rank_offset}: its {grid.size} ranks with rank_offset {grid.rank_offset} need ranks up to "
+            f"{grid.rank_offset + grid.size - 1}, but the world has {world} ranks (0..{world - 1})"
+        )
+
+
+def grid_core(grid: Any) -> GridCore:
+    """The core of ``grid`` (a ``HyperCommGrid``)."""
+    core: GridCore = grid._core
+    return core
+
+
+def _names_of(dims: Dims) -> list[object]:
+    if isinstance(dims, str):
+        return list(dims.split(KEY_SEPARATOR))
+    if isinstance(dims, (list, tuple)):
+        return list(dims)
+    return [dims]
