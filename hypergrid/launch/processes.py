@@ -189,7 +189,7 @@ def spawn(
             ``spawn``: a fresh interpreter spends over a second of CPU per
             worker importing torch. ``"spawn"`` (the default elsewhere)
             starts a fresh interpreter per worker. Either way a worker gets
-            this process's environment as it is at the call, and a script's
+            this process's environment, stdout and stderr as at the call, and a script's
             ``__main__`` is run again (it needs its ``__name__`` guard); NCCL
             works under both (the server never initializes CUDA). A forked
             worker ends with ``os._exit`` after ``fn`` and
