@@ -44,7 +44,7 @@ from torch.distributed.rendezvous import rendezvous
 from hypergrid.errors import BackendError, WorkerError, public
 from hypergrid.launch.ledger import record_uncaught_exceptions
 from hypergrid.launch.sockets import opened, snapshot, track
-from hypergrid.launch.spawned import HOST, RETURNED, UNPICKLABLE, start_context, worker
+from hypergrid.launch.spawned import HOST, RETURNED, UNPICKLABLE, LauncherStreams, start_context, worker
 from hypergrid.launch.stacks import enable_stack_dumps, request_stack_dumps
 from hypergrid.validation import check_bool, check_choice, check_int, check_str, refuse
 from hypergrid.values import check_timeout, first_line
@@ -189,7 +189,7 @@ def spawn(
             ``spawn``: a fresh interpreter spends over a second of CPU per
             worker importing torch. ``"spawn"`` (the default elsewhere)
             starts a fresh interpreter per worker. Either way a worker gets
-            this process's environment as it is at the call, and a script's
+            this process's environment, stdout and stderr as at the call, and a script's
             ``__main__`` is run again (it needs its ``__name__`` guard); NCCL
             works under both (the server never initializes CUDA). A forked
             worker ends with ``os._exit`` after ``fn`` and
@@ -227,6 +227,7 @@ def spawn(
     allow_deaths = check_bool("spawn", "allow_deaths", allow_deaths)
     context = start_context(start_method)
     store = TCPStore(HOST, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s))
+    streams = LauncherStreams() if context.get_start_method() == "forkserver" else None
     results = context.Queue()
     stack_dir = tempfile.mkdtemp(prefix="hypergrid-stacks-")
     processes = [
@@ -235,6 +236,7 @@ def spawn(
             args=(
                 os.getpid(),
                 dict(os.environ),
+                streams,
                 rank,
                 nprocs,
                 store.port,

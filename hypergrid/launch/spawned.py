@@ -19,7 +19,8 @@ as a fresh process would: NCCL needs no other start method.
 The server's environment is the launcher's at its first ``spawn``; each
 worker replaces it with the launcher's at the call (``worker``), so a
 variable set between two calls reaches the second one's workers as under
-``spawn``. What torch reads once at its import stays as the server read it.
+``spawn``; the same for its stdout and stderr (``LauncherStreams``). What
+torch reads once at its import stays as the server read it.
 And multiprocessing ends a forked worker with ``os._exit``, not an
 interpreter exit: its ``atexit`` handlers do not run (``worker`` has called
 ``destroy_process_group`` by then, which closes hypergrid's world). For
@@ -41,6 +42,7 @@ import pickle
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from multiprocessing import reduction
 from typing import Any
 
 import torch
@@ -53,7 +55,7 @@ from hypergrid.launch.sockets import opened, snapshot, track
 from hypergrid.launch.stacks import enable_stack_dumps
 from hypergrid.validation import check_choice
 
-__all__ = ["START_METHODS", "pickled", "start_context", "tie_to_launcher", "worker"]
+__all__ = ["START_METHODS", "LauncherStreams", "adopt_streams", "pickled", "start_context", "tie_to_launcher", "worker"]
 
 #: Where the launcher hosts the store.
 HOST = "127.0.0.1"
@@ -86,6 +88,42 @@ def start_context(start_method: str | None) -> Any:
     if chosen == "forkserver":
         context.set_forkserver_preload(list(PRELOAD))  # read once, when this process's server starts
     return context
+
+
+class LauncherStreams:
+    """The launcher's stdout and stderr as they are at the call, for a worker forked from the server.
+
+    A forked worker inherits the server's file descriptors 1 and 2, which are
+    the launcher's at its *first* ``spawn`` (a test's capture, a log file
+    since reopened); a fresh interpreter inherits the launcher's at its own
+    start. Pickled into the worker's arguments, this hands the launcher's
+    current ones over as multiprocessing hands a connection over
+    (``reduction.DupFd``); ``adopt_streams`` puts them in place.
+    """
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _received, tuple((fd, reduction.DupFd(fd)) for fd in (1, 2) if _is_open(fd))
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _received(*streams: tuple[int, Any]) -> list[tuple[int, int]]:
+    """In the worker: (the launcher's descriptor number, this worker's copy of it) for each stream handed over."""
+    return [(target, wrapped.detach()) for target, wrapped in streams]
+
+
+def adopt_streams(streams: list[tuple[int, int]] | None) -> None:
+    """Make the launcher's stdout and stderr this worker's (``LauncherStreams``; None: inherited already)."""
+    for target, fd in streams or []:
+        if fd != target:
+            os.dup2(fd, target)
+            os.close(fd)
 
 
 def tie_to_launcher(launcher: int) -> None:
@@ -124,6 +162,7 @@ def _server_keep_alive() -> int | None:
 def worker(
     launcher: int,
     environment: dict[str, str],
+    streams: list[tuple[int, int]] | None,
     rank: int,
     nprocs: int,
     port: int,
@@ -134,11 +173,12 @@ def worker(
     results: Any,
     stack_dir: str,
 ) -> None:
-    """One rank of ``spawn``: tied to its launcher, in the launcher's environment, joined to the group; runs ``fn``.
+    """One rank of ``spawn``: tied to its launcher, with its environment and streams, joined to the group; runs ``fn``.
 
     What ``fn`` returned (pickled here), or the traceback of what it raised, goes on ``results``.
     """
     tie_to_launcher(launcher)  # a SIGKILLed parent leaves no worker behind
+    adopt_streams(streams)  # the launcher's stdout and stderr at the call
     os.environ.clear()  # the launcher's environment at the call (a forkserver's is the one it started with)
     os.environ.update(environment)
     os.environ.update(
