@@ -39,6 +39,9 @@ the others died.
 **Fencing.** A watcher that finds its incident's call or verdict gone after it
 woke (the live ranks read it and deleted it without this rank), or itself among
 the dead, was excluded: it fences its rank (`hypergrid.binding.alarm.fence`).
+A world that a shrink ended keeps one record (`ended_key`: the ranks left
+behind), so a rank stopped through the whole shrink, whose wake key and calls
+were deleted meanwhile, learns it whenever it resumes.
 
 Per rank and incident: wait, read the call, append, count, wait, read the
 verdict, count the read: 7 store operations, whatever the number of ranks

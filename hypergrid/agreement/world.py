@@ -14,7 +14,8 @@ a connection per cycle, and an idle watcher costs nothing):
 - ``torch.distributed.destroy_process_group()`` (its default group is
   released: `World` holds a ``weakref.finalize`` on it);
 - interpreter exit (an ``atexit`` handler, which runs before torch tears its
-  store down);
+  store down); on an uncaught error the rank does not leave but departs
+  (`hypergrid.agreement.watcher.Watcher.depart`): the others find it gone at once;
 - ``shrink``: the survivors' new world takes the watcher's connection over
   (`World.take_over`), so recovery opens no connection on its critical path.
 

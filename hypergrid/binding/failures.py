@@ -131,11 +131,12 @@ def wait_work(work: Any, what: str, stream: bool = False) -> None:
 
 
 def wait_works(works: Iterable[Any], what: str) -> None:
-    """`wait_work` for all of ``works`` (a batch of point-to-point requests, say), in one wait.
+    """`wait_work` for all of ``works`` (a batch of point-to-point requests, say).
 
-    gloo's point-to-point works have no future: one thread waits for them
-    while this one listens (`hypergrid.binding.waiting.wait_all`), so a peer
-    stopped in the middle of a transfer is probed and found as in a collective.
+    gloo's point-to-point works have no future: this thread blocks in torch's
+    ``wait()``, and a wait that lasts is probed as a collective's is
+    (`hypergrid.binding.waiting.wait_all`), so a peer stopped in the middle of
+    a transfer is found, and the verdict ends the wait.
     """
     with peer_failures(what):
         waiting.wait_all(list(works), what)

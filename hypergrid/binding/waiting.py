@@ -9,22 +9,26 @@ then rather than at the group's timeout.
 A work with a future (a gloo or NCCL collective) wakes the wait through the
 future. gloo's point-to-point works have none: their ``is_completed()`` never
 turns true, even after the data arrived, and a ``wait(timeout)`` that
-expires closes the connection (torch 2.13). Those are waited on by a thread
-of their own (`wait_all`), one per batch, whose end wakes the caller; the
-caller meanwhile listens and probes as for a collective. A world that fails
-severs its gloo connections (`hypergrid.binding.failures.abort_world_groups`),
-so such a thread ends then too.
+expires closes the connection (torch 2.13); a thread per wait to hand the
+blocking ``wait()`` to costs about a millisecond per step. The caller blocks
+in torch's ``wait()`` itself, and one thread per world (`_Sentry`) asks for the
+roll call when such a wait lasts; a world that fails has its gloo connections
+severed (`hypergrid.binding.failures.abort_world_groups`), which ends the
+blocked wait with an error (`wait_all`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from hypergrid.binding import alarm
 from hypergrid.binding.worldstate import WORLDS
+from hypergrid.errors import HyperGridError
 
 __all__ = ["PROBE_S", "abandoned", "wait", "wait_all"]
 
@@ -44,7 +48,7 @@ def wait(work: Any, what: str, stream: bool = False) -> None:
     its communicators instead (`hypergrid.binding.failures.abort_world_groups`).
     A work without a future (gloo's point-to-point works: their
     ``is_completed()`` never turns true, and a timed ``wait`` closes the
-    connection) is waited on by a thread of its own (`wait_all`).
+    connection) is waited on as `wait_all` says.
     torch's error, if the work failed, propagates as torch raised it.
     """
     alarm.check(what)
@@ -67,13 +71,16 @@ def wait(work: Any, what: str, stream: bool = False) -> None:
 
 
 def wait_all(works: Sequence[Any], what: str) -> None:
-    """Wait for every work of ``works`` (point-to-point ones, say) as `wait` does, in one listening wait.
+    """Wait for every work of ``works`` (point-to-point ones, say) as `wait` does.
 
-    The works without a future are waited on, in order, by one thread of
-    their own (`_Waiter`), while this thread listens: a peer stopped or cut
-    off is probed, and the world's failure ends the wait with ``RankFailure``,
-    as in a collective. The thread ends with its works (a failed world's
-    connections are severed, so they end then too).
+    A work without a future is waited on by this thread itself, in torch's
+    blocking ``wait()`` (nothing added to a healthy step but two attribute
+    writes), while the world's `_Sentry` watches the clock: a wait that lasts
+    `PROBE_S` asks for a roll call, as a collective's does. A roll call that
+    finds a peer gone (stopped, cut off) fails the world, whose connections the
+    watcher severs (`hypergrid.binding.failures.abort_world_groups`): the
+    blocked wait raises then, and `hypergrid.binding.failures` turns torch's
+    error into ``RankFailure`` naming the dead.
     """
     alarm.check(what)
     plain = []
@@ -89,39 +96,45 @@ def wait_all(works: Sequence[Any], what: str) -> None:
     if not alarm.watched():
         for work in plain:
             work.wait()
-        alarm.check(what)
         return
-    waiter = _Waiter(plain)
-    _listen(waiter.woken, what)
-    if not waiter.is_completed():
-        WORLDS.abandoned.append(waiter)
-        alarm.check(what)
-    if waiter.error is not None:
-        raise waiter.error
+    sentry: _Sentry = alarm.per_world("p2p sentry", _Sentry)
+    with sentry.watching(what):
+        for work in plain:
+            work.wait()
 
 
-class _Waiter:
-    """torch's blocking ``wait()`` of works without a future, on a thread: ``woken`` is set once they ended."""
+class _Sentry:
+    """While a blocking wait lasts, asks for a roll call after `PROBE_S` (then twice as long, and so on).
 
-    def __init__(self, works: Sequence[Any]) -> None:
-        self.works = works
-        self.woken = threading.Event()
-        self.error: Exception | None = None
-        self._ended = threading.Event()
-        threading.Thread(target=self._run, name="hypergrid-p2p-wait", daemon=True).start()
+    One thread per world, started by the world's first wait without a future;
+    it looks at the clock every quarter of `PROBE_S` (never on a healthy step's
+    path) and ends once its world is no longer the current one.
+    """
+
+    def __init__(self) -> None:
+        self.current: list[Any] | None = None  # [what, started, next probe at, interval] of the wait in progress
+        threading.Thread(target=self._run, name="hypergrid-p2p-sentry", daemon=True).start()
+
+    @contextlib.contextmanager
+    def watching(self, what: str) -> Iterator[None]:
+        now = time.monotonic()
+        self.current = [what, now, now + PROBE_S, PROBE_S]
+        try:
+            yield
+        finally:
+            self.current = None
 
     def _run(self) -> None:
-        try:
-            for work in self.works:
-                work.wait()
-        except Exception as error:  # torch's: raised on the caller's thread
-            self.error = error
-        finally:
-            self._ended.set()
-            self.woken.set()
-
-    def is_completed(self) -> bool:
-        return self._ended.is_set()
+        tick = max(PROBE_S / 4, 0.05)
+        while alarm.per_world("p2p sentry") is self:
+            time.sleep(tick)
+            current = self.current
+            if current is None or time.monotonic() < current[2] or alarm.pending(current[0]) is not None:
+                continue
+            current[3] *= 2
+            current[2] = time.monotonic() + current[3]
+            with contextlib.suppress(HyperGridError, RuntimeError):  # the waiting thread meets the error itself
+                alarm.probe(current[0], f"{current[0]} waited {time.monotonic() - current[1]:.0f} s")
 
 
 def _listen(woken: threading.Event, what: str) -> None:
