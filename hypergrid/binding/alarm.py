@@ -40,6 +40,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hypergrid.binding.worldstate import WORLDS
 from hypergrid.errors import FencedError, HyperGridError, RankFailure, StoreLostError

@@ -224,7 +224,7 @@ class Recovery:
                 old.end_world(plan.dead, self.world)  # and its record, for a rank left behind that resumes later
                 old.join(self.timeout_s)
                 if plan.dead and plan.old_to_new[self.rank] == 0:  # the record goes with the new grid (or next shrink)
-                    successor._guard_ledger.ended.append(ended_key(self.epoch.number))
+                    successor._core.guard_ledger.ended.append(ended_key(self.epoch.number))
             self._watch(world, number, plan.old_to_new[self.rank], len(plan.order))
             if self._mixed:
                 raise DesyncError(
