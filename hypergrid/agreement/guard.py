@@ -246,7 +246,16 @@ def agree(
     probe, _ = liveness(participants)
     what = f"{request.call()} on grid {request.grid}"
     rounds = Round(
-        store, scope.prefix, rank, participants, request, timeout_s, progress_s, leftovers, probe, waiting.PROBE_S
+        store,
+        scope.prefix,
+        rank,
+        participants,
+        request,
+        timeout_s,
+        progress_s,
+        leftovers,
+        probe,
+        waiting.probe_after_s(),
     )
     with ended_by_failure(lambda side: side.compare_set(f"{scope.prefix}/verdict", "", failed_round(what))):
         verdict = rounds.run()

@@ -57,7 +57,7 @@ from hypergrid.binding.failures import abort_world_groups
 from hypergrid.binding.reform import current_epoch
 from hypergrid.binding.worldstate import WORLDS
 
-__all__ = ["WORLDS", "World", "adopt", "current_watcher", "current_world", "ensure_watching", "register"]
+__all__ = ["WORLDS", "World", "adopt", "close_all", "current_watcher", "current_world", "ensure_watching", "register"]
 
 #: How long `World.close` waits for the woken watcher thread to end.
 JOIN_S = 5.0
@@ -230,7 +230,7 @@ def register(world: World) -> None:
         WORLDS.live[key] = world
         if not WORLDS.exit_registered:
             WORLDS.exit_registered = True
-            atexit.register(_close_all)
+            atexit.register(close_all)
     weakref.finalize(group, _released, key, world)
 
 
@@ -244,7 +244,7 @@ def _released(key: int, world: World) -> None:
         alarm.install(None)
 
 
-def _close_all() -> None:
+def close_all() -> None:
     """Close every world (interpreter exit), after collecting the garbage a failure left.
 
     A failure leaves reference cycles (an exception's frames) that hold

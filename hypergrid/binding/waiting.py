@@ -2,7 +2,7 @@
 
 `wait` waits for one work until it completes or this rank learns that its
 world failed (`hypergrid.binding.alarm`), whichever comes first. A wait
-that lasts `PROBE_S` (then twice as long, and so on) asks for a roll call: a
+that lasts `probe_after_s` (then twice as long, and so on) asks for a roll call: a
 peer that is stopped or cut off, which no connection error reveals, is found
 then rather than at the group's timeout.
 
@@ -30,11 +30,22 @@ from hypergrid.binding import alarm
 from hypergrid.binding.worldstate import WORLDS
 from hypergrid.errors import HyperGridError
 
-__all__ = ["PROBE_S", "abandoned", "wait", "wait_all"]
+__all__ = ["abandoned", "probe_after_s", "wait", "wait_all"]
 
-#: How long a grid wait lasts before this rank asks for a roll call (``HYPERGRID_PROBE_S``, default 30 s);
-#: the next after twice as long, and so on. A stopped or cut-off peer is found then, not at the group timeout.
-PROBE_S = float(os.environ.get("HYPERGRID_PROBE_S", "30"))
+
+def probe_after_s() -> float:
+    """How long a grid wait lasts before this rank asks for a roll call (``HYPERGRID_PROBE_S``, default 30 s).
+
+    The next after twice as long, and so on: a stopped or cut-off peer is
+    found then, not at the group timeout. Read at each wait, not at import: a
+    worker forked from a server that imported hypergrid earlier (``spawn``'s
+    forkserver) sees the environment of its own call.
+
+    Examples:
+        >>> probe_after_s() > 0
+        True
+    """
+    return float(os.environ.get("HYPERGRID_PROBE_S", "30"))
 
 
 def wait(work: Any, what: str, stream: bool = False) -> None:
@@ -76,7 +87,7 @@ def wait_all(works: Sequence[Any], what: str) -> None:
     A work without a future is waited on by this thread itself, in torch's
     blocking ``wait()`` (nothing added to a healthy step but two attribute
     writes), while the world's `_Sentry` watches the clock: a wait that lasts
-    `PROBE_S` asks for a roll call, as a collective's does. A roll call that
+    `probe_after_s` asks for a roll call, as a collective's does. A roll call that
     finds a peer gone (stopped, cut off) fails the world, whose connections the
     watcher severs (`hypergrid.binding.failures.abort_world_groups`): the
     blocked wait raises then, and `hypergrid.binding.failures` turns torch's
@@ -104,10 +115,10 @@ def wait_all(works: Sequence[Any], what: str) -> None:
 
 
 class _Sentry:
-    """While a blocking wait lasts, asks for a roll call after `PROBE_S` (then twice as long, and so on).
+    """While a blocking wait lasts, asks for a roll call after `probe_after_s` (then twice as long, and so on).
 
     One thread per world, started by the world's first wait without a future;
-    it looks at the clock every quarter of `PROBE_S` (never on a healthy step's
+    it looks at the clock every quarter of `probe_after_s` (never on a healthy step's
     path) and ends once its world is no longer the current one.
     """
 
@@ -118,14 +129,15 @@ class _Sentry:
     @contextlib.contextmanager
     def watching(self, what: str) -> Iterator[None]:
         now = time.monotonic()
-        self.current = [what, now, now + PROBE_S, PROBE_S]
+        interval = probe_after_s()
+        self.current = [what, now, now + interval, interval]
         try:
             yield
         finally:
             self.current = None
 
     def _run(self) -> None:
-        tick = max(PROBE_S / 4, 0.05)
+        tick = max(probe_after_s() / 4, 0.05)
         while alarm.per_world("p2p sentry") is self:
             time.sleep(tick)
             current = self.current
@@ -140,7 +152,7 @@ class _Sentry:
 def _listen(woken: threading.Event, what: str) -> None:
     """Block until ``woken`` is set (the work ended) or the world fails; a wait that lasts asks for a roll call."""
     with alarm.waking(woken):
-        waited, probe_after = 0.0, PROBE_S
+        waited, probe_after = 0.0, probe_after_s()
         while alarm.pending(what) is None and not woken.wait(probe_after):
             waited += probe_after
             alarm.probe(what, f"{what} waited {waited:g} s")  # is a peer gone (stopped, cut off)? Then it ends

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from hypergrid import Bridge, HyperCommGrid, HyperGridError, RankFailure
-from hypergrid.agreement.world import WORLDS
+from hypergrid.agreement.world import close_all
 from hypergrid.binding.reform import current_epoch
 
 #: Production-like bounds: no wait of these tests may end by them.
@@ -103,7 +103,7 @@ def verdicts_in_guard_rounds() -> dict[str, Any]:
             raise RuntimeError("the training step failed")
         except RuntimeError as error:
             sys.last_value = error  # what the interpreter sets for an uncaught error, before its exit handlers
-        WORLDS.close_all()  # the exit handler
+        close_all()  # the exit handler
         os._exit(1)
     try:
         grid.create_pg("tp-dp")
