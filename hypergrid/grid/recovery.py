@@ -278,14 +278,17 @@ class Recovery:
             probe = lambda: [plan.old_to_new[r] for r in old.probe(text) if r in plan.old_to_new]  # noqa: E731
             side = old.side
 
-        def barrier(step: str, what: str) -> Barrier:
-            deadline = time.monotonic() + self.timeout_s
+        def barrier(step: str, what: str, wait_s: float) -> Barrier:
+            deadline = time.monotonic() + wait_s
             return Barrier(self.epoch.base_store, f"hypergrid/elastic/{number}/{step}", new_rank, range(size),
                            deadline, what, probe, side)  # fmt: skip
 
-        commit = barrier("commit", f"world {number}'s families")
+        commit = barrier("commit", f"world {number}'s families", self.timeout_s)
         try:
-            barrier("ready", f"forming world {number}").run()
+            # After a failed attempt, a member may still be inside torch's wait of that attempt (bounded by
+            # timeout_s, begun before this rank saw the failure): it is alive and comes once torch gives up, so
+            # it is waited for that long on top, never declared missing while it is on its way.
+            barrier("ready", f"forming world {number}", self.timeout_s * min(self.attempts, 2)).run()
             # Survivors in their old order (no spare moved in): a backend that can shrink does it in place (on the
             # first attempt only: after a failed one the old world is gone).
             kept = self.attempts == 1 and list(plan.order) == sorted(plan.order)

@@ -125,8 +125,10 @@ def creation_deaths(points: list[str], strategy: str = "enumerate") -> dict[str,
         except RankFailure as failure:
             seen.update(caught=type(failure).__name__, dead=failure.dead, seconds=time.monotonic() - start)
         seen["keys"] = [str(key) for key in grid.created_keys]
+        began = time.monotonic()
         regrid = grid.shrink(dead=seen["dead"] or None, timeout_s=SHRINK_TIMEOUT_S)
         seen.update(shrunk=list(regrid.dead), retired=regrid.retired, attempts=regrid.attempts)
+        seen["shrink_s"] = time.monotonic() - began  # (shown when a check fails)
         if regrid.retired:
             return out
         grid = regrid.grid
