@@ -61,7 +61,6 @@ from hypergrid.agreement import diagnosis
 __all__ = [
     "END",
     "FAILURE",
-    "LIVENESS_S",
     "PROBE",
     "Incident",
     "Verdict",
@@ -76,8 +75,6 @@ __all__ = [
 PREFIX = "hypergrid/live"
 #: The incident kinds a caller can open.
 FAILURE, PROBE = "failure", "probe"
-#: How long a live rank's watcher has to answer a roll call (``HYPERGRID_LIVENESS_S``, default 0.5 s).
-LIVENESS_S = float(os.environ.get("HYPERGRID_LIVENESS_S", "0.5"))
 #: ...at least this long per expected rank: the store serves the roll call at ~50 µs a rank.
 PER_RANK_S = 1e-4
 #: How much longer than the first two answers the others wait before they close a roll call themselves.
@@ -160,7 +157,9 @@ def bound_s(ranks: int, liveness_s: float | None = None) -> float:
         >>> bound_s(8, 0.5), bound_s(131072, 0.5)
         (0.5, 13.1072)
     """
-    return max(LIVENESS_S if liveness_s is None else liveness_s, ranks * PER_RANK_S)
+    if liveness_s is None:  # read at each roll call: a forkserver worker imported this before its call's environment
+        liveness_s = float(os.environ.get("HYPERGRID_LIVENESS_S", "0.5"))
+    return max(liveness_s, ranks * PER_RANK_S)
 
 
 def majority(alive: Sequence[int], expected: Sequence[int]) -> bool:

@@ -86,7 +86,7 @@ class Watcher:
         world: the world's epoch number (0: the job's first world).
         rank: this rank in that world.
         size: the world's size.
-        liveness_s: how long live ranks have to answer (default: `hypergrid.agreement.liveness.LIVENESS_S`).
+        liveness_s: how long live ranks have to answer (default: ``HYPERGRID_LIVENESS_S``, 0.5 s).
         slice_s: how long one ``wait`` lasts before the stop flag is looked at again.
         on_fence: what fencing this rank does (default: `hypergrid.binding.alarm.fence`, for the whole process).
     """
