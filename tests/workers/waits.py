@@ -111,9 +111,7 @@ def verdicts_in_guard_rounds() -> dict[str, Any]:
         return out
     except RankFailure as failure:
         out["round1"] = _failure(failure, "gone", "create_pg")
-    regrid = grid.shrink(dim="dp", timeout_s=30.0)
-    grid = regrid.grid
-    out["after1"] = {"dead": list(regrid.dead), "world": dist.get_world_size(), "sum": _reduced(grid, ["dp"])}
+    grid = _shrunk(grid, out, "after1")
     _meet("round2", [0, 1, 2])
     rank = dist.get_rank()
     if rank == 2:
@@ -129,13 +127,18 @@ def verdicts_in_guard_rounds() -> dict[str, Any]:
             return out
         except RankFailure as failure:
             out["round2"] = _failure(failure, "killed", "create_pgs")
-    regrid = grid.shrink(dim="dp", timeout_s=30.0)
-    grid = regrid.grid
-    out["after2"] = {"dead": list(regrid.dead), "world": dist.get_world_size(), "sum": _reduced(grid, ["dp"])}
+    grid = _shrunk(grid, out, "after2")
     grid.destroy()
     _meet("end", [0, 1])
     out["keys"] = sorted(key for key in _store().list_keys() if key.startswith("hypergrid/"))
     return out
+
+
+def _shrunk(grid: Any, out: dict[str, Any], name: str) -> Any:
+    """Shrink along ``dp``; record under ``name`` who died, the new world's size and a real reduction on it."""
+    regrid = grid.shrink(dim="dp", timeout_s=30.0)
+    out[name] = {"dead": list(regrid.dead), "world": dist.get_world_size(), "sum": _reduced(regrid.grid, ["dp"])}
+    return regrid.grid
 
 
 def _exchange(grid: Any) -> torch.Tensor:
