@@ -40,7 +40,6 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from hypergrid.binding.worldstate import WORLDS
 from hypergrid.errors import FencedError, HyperGridError, RankFailure, StoreLostError
@@ -59,7 +58,6 @@ __all__ = [
     "lose_store",
     "news",
     "pending",
-    "per_world",
     "probe",
     "sound",
     "store_calls",
@@ -157,16 +155,6 @@ def waking(event: threading.Event) -> Iterator[None]:
     finally:
         with WORLDS.alarm_lock:
             data["waiters"].discard(event)
-
-
-def per_world(key: str, make: Callable[[], Any] | None = None) -> Any:
-    """The current world's object under ``key``, made by ``make`` on first use (None without one): it goes with
-    the world (a new default group starts clean)."""
-    data = WORLDS.state().alarm
-    with WORLDS.alarm_lock:
-        if key not in data and make is not None:
-            data[key] = make()
-        return data.get(key)
 
 
 def watched() -> bool:

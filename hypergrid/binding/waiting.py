@@ -108,7 +108,12 @@ def wait_all(works: Sequence[Any], what: str) -> None:
         for work in plain:
             work.wait()
         return
-    sentry: _Sentry = alarm.per_world("p2p sentry", _Sentry)
+    state = WORLDS.state()
+    with WORLDS.alarm_lock:
+        if state.p2p_sentry is None:
+            state.p2p_sentry = _Sentry()
+            state.p2p_sentry.start()  # once it is the world's: its thread runs while it is
+        sentry: _Sentry = state.p2p_sentry
     with sentry.watching(what):
         for work in plain:
             work.wait()
@@ -124,6 +129,9 @@ class _Sentry:
 
     def __init__(self) -> None:
         self.current: list[Any] | None = None  # [what, started, next probe at, interval] of the wait in progress
+
+    def start(self) -> None:
+        """Start the thread; it ends once this sentry is no longer its world's (`WorldState.p2p_sentry`)."""
         threading.Thread(target=self._run, name="hypergrid-p2p-sentry", daemon=True).start()
 
     @contextlib.contextmanager
@@ -138,7 +146,7 @@ class _Sentry:
 
     def _run(self) -> None:
         tick = max(probe_after_s() / 4, 0.05)
-        while alarm.per_world("p2p sentry") is self:
+        while WORLDS.state().p2p_sentry is self:
             time.sleep(tick)
             current = self.current
             if current is None or time.monotonic() < current[2] or alarm.pending(current[0]) is not None:

@@ -43,6 +43,7 @@ class WorldState:
         self.local_names: dict[tuple[tuple[int, ...], int], str] = {}  # creation: (ranks, groups held) -> name
         self.guard_leftovers: dict[str, list[str]] = {}  # guard: scope family -> its failed rounds' prefixes
         self.guard_last_commits: dict[str, str] = {}  # guard: scope family -> its last passed commit's prefix
+        self.p2p_sentry: Any = None  # binding.waiting: the thread that probes a lasting point-to-point wait
 
 
 class Worlds:
