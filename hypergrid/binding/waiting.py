@@ -69,7 +69,7 @@ def wait(work: Any, what: str, stream: bool = False) -> None:
         return
     try:
         future = work.get_future()
-    except RuntimeError:  # a work without a future: waited on by a thread
+    except RuntimeError:  # a work without a future: blocked on here, a lasting wait probed by the sentry
         wait_all([work], what)
         return
     woken = threading.Event()
