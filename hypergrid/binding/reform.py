@@ -17,8 +17,11 @@ gloo cannot (``supports_shrinking`` is False): it re-forms as above.
 torch's rendezvous writes its keys under that prefix (gloo: each member's
 address for every group formed on the world, ``<group>//<device>//<i>/<rank>``)
 and never deletes them. Once every member of a new world committed (it is past
-forming the world and re-creating the families), one member deletes every
-key of the worlds up to it (`forget_worlds`): no member reads them again.
+forming the world and re-creating the families), the member that completed
+the commit deletes every key the worlds up to it held while every member
+waited there (`world_keys`, listed before it wrote the commit's outcome, then
+`forget_keys`): no member reads them again, and keys written on the new world
+after its commit (a guard round, a new group) are not among them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import datetime
 import os
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,8 +45,10 @@ __all__ = [
     "Epoch",
     "can_shrink",
     "current_epoch",
+    "forget_keys",
     "forget_numbered",
-    "forget_worlds",
+    "numbered_keys",
+    "world_keys",
     "reform_world",
     "retire",
     "tear_down",
@@ -167,22 +173,44 @@ def world_prefix(number: int) -> str:
     return f"hypergrid/elastic/{number}/world"
 
 
-def forget_worlds(base_store: Any, up_to: int) -> int:
-    """Delete torch's rendezvous keys of every world numbered ``up_to`` or lower; how many were deleted.
+def world_keys(base_store: Any, up_to: int) -> list[str]:
+    """Every key under the prefix of a world numbered ``up_to`` or lower (`world_prefix`), at this moment.
 
-    Call it once every member of world ``up_to`` is past forming it and its
-    groups (its commit barrier): nobody reads those keys again. Groups created
-    on the world later leave theirs until the next shrink. A store that cannot
-    list its keys is left as it is (0).
+    Take the list while no member of world ``up_to`` can write under its
+    prefix (they all wait in its commit barrier), delete it once they are past
+    (`forget_keys`): keys written after the list was taken (a guard round, a
+    group created on the new world) stay. A store that cannot list its keys gives [].
 
     Examples:
         >>> import torch.distributed as dist
         >>> store = dist.HashStore()
         >>> store.set("hypergrid/elastic/1/world/0//cpu//0/0", "a"); store.set("hypergrid/elastic/2/ready/count", "1")
-        >>> forget_worlds(store, 1), store.num_keys()
+        >>> keys = world_keys(store, 1); keys
+        ['hypergrid/elastic/1/world/0//cpu//0/0']
+        >>> forget_keys(store, keys), store.num_keys()
         (1, 1)
     """
-    return forget_numbered(base_store, "hypergrid/elastic", up_to, "world/")
+    return numbered_keys(base_store, "hypergrid/elastic", up_to, "world/")
+
+
+def forget_keys(store: Any, keys: Sequence[str]) -> int:
+    """Delete ``keys`` from ``store``; how many were there."""
+    return sum(bool(store.delete_key(key)) for key in keys)
+
+
+def numbered_keys(store: Any, prefix: str, up_to: int, part: str = "") -> list[str]:
+    """Every key ``<prefix>/<n>/<part>...`` of ``store`` with ``n <= up_to`` ([] when it cannot list its keys)."""
+    try:
+        keys = store.list_keys()
+    except (RuntimeError, AttributeError, NotImplementedError):  # a store without a listing (torch's FakeStore)
+        return []
+    found = []
+    for key in keys:
+        head, _, rest = key.partition(f"{prefix}/")
+        number, _, tail = rest.partition("/")
+        if head == "" and number.isdigit() and int(number) <= up_to and tail.startswith(part):
+            found.append(key)
+    return found
 
 
 def forget_numbered(store: Any, prefix: str, up_to: int, part: str = "") -> int:
@@ -197,17 +225,7 @@ def forget_numbered(store: Any, prefix: str, up_to: int, part: str = "") -> int:
         >>> forget_numbered(store, "hypergrid/live", 0), store.check(["hypergrid/live/1/wake/0"])
         (1, True)
     """
-    try:
-        keys = store.list_keys()
-    except (RuntimeError, AttributeError, NotImplementedError):  # a store without a listing (torch's FakeStore)
-        return 0
-    gone = 0
-    for key in keys:
-        head, _, rest = key.partition(f"{prefix}/")
-        number, _, tail = rest.partition("/")
-        if head == "" and number.isdigit() and int(number) <= up_to and tail.startswith(part):
-            gone += bool(store.delete_key(key))
-    return gone
+    return forget_keys(store, numbered_keys(store, prefix, up_to, part))
 
 
 def retire() -> None:

@@ -25,9 +25,10 @@ over to `Recovery`:
    `hypergrid.grid.snapshots.StepSnapshots`, bring every replica to it. Once
    the commit passes, the old world ends and its watcher's store connection
    serves the new world's watcher (`hypergrid.agreement.world.World.take_over`:
-   no connection is opened on the way), and the new world's rank 0 deletes
-   torch's rendezvous keys of every world up to it
-   (`hypergrid.binding.reform.forget_worlds`). A death anywhere in an attempt ends it
+   no connection is opened on the way), and the member that completed the
+   commit deletes torch's rendezvous keys of every world up to it, listed
+   while every member waited in the commit (`hypergrid.binding.reform.world_keys`:
+   keys written after it, by a creation on the new world, stay). A death anywhere in an attempt ends it
    on every member, through the old world's roll call: its verdict names the
    dead, who join the dead set, and the next attempt forms the next epoch's
    world from the same old layout. Retired ranks (``"drop"``)
@@ -61,11 +62,12 @@ from hypergrid.binding.failures import communicate
 from hypergrid.binding.reform import (
     Epoch,
     current_epoch,
+    forget_keys,
     forget_numbered,
-    forget_worlds,
     reform_world,
     retire,
     tear_down,
+    world_keys,
 )
 from hypergrid.binding.registry import PgKey, guard_key
 from hypergrid.errors import DesyncError, FencedError, HyperGridError, RankFailure
@@ -209,14 +211,15 @@ class Recovery:
                     world.close(leave=False)
                 return self._regrid(None, None, number, plan, dim)
             try:
-                self._form(plan, successor, families, number, old)
+                stale = self._form(plan, successor, families, number, old)
             except BarrierFailed as failed:  # the attempt's outcome, the same on every member
                 gone = self._failed(failed, number, plan)
                 plan, successor = self.plan(sorted({*plan.dead, *gone}), policy, dim, families)
                 number += 1
                 continue
-            if plan.old_to_new[self.rank] == 0:  # every member committed: no one reads torch's rendezvous keys again
-                forget_worlds(self.epoch.base_store, number)
+            # Every member committed: no one reads the keys listed while all waited there (torch's rendezvous ones)
+            forget_keys(self.epoch.base_store, stale)
+            if plan.old_to_new[self.rank] == 0:
                 # nor a key of the worlds before the old one: their last wake (a world's end woke every watcher,
                 # some after they had read it and left) can land after its watcher ended
                 forget_numbered(self.epoch.base_store, LIVE_PREFIX, self.epoch.number - 1)
@@ -260,8 +263,14 @@ class Recovery:
         world.start_watching()
         adopt(world)
 
-    def _form(self, plan: ShrinkPlan, successor: Any, families: Sequence[Recreation], number: int, old: Any) -> None:
+    def _form(
+        self, plan: ShrinkPlan, successor: Any, families: Sequence[Recreation], number: int, old: Any
+    ) -> list[str]:
         """One attempt at world ``number``: ready barrier, default group, families, step, commit (``old``: watcher).
+
+        Returns the keys of the worlds up to ``number`` to delete, on the member
+        whose arrival completed the commit (it listed them while every member
+        waited there, so none written after the commit is among them); [] on the others.
 
         The commit barrier's verdict is the attempt's outcome on every member:
         a member that fails on the way (a dead member found by the old world's
@@ -284,6 +293,8 @@ class Recovery:
                            deadline, what, probe, side)  # fmt: skip
 
         commit = barrier("commit", f"world {number}'s families", self.timeout_s)
+        stale: list[str] = []
+        commit.before_ok = lambda: stale.extend(world_keys(self.epoch.base_store, number))
         try:
             # After a failed attempt, a member may still be inside torch's wait of that attempt (bounded by
             # timeout_s, begun before this rank saw the failure): it is alive and comes once torch gives up, so
@@ -311,6 +322,7 @@ class Recovery:
         commit.deadline = time.monotonic() + self.timeout_s
         commit.run()
         self.clock.lap("commit")
+        return stale
 
     def held_by_all(self, families: Sequence[Recreation], number: int) -> list[Recreation]:
         """The families to re-create in world ``number``: on a ``"local"`` grid, those every member holds.

@@ -93,3 +93,20 @@ def test_a_rank_stopped_in_a_creation_commit_never_succeeds() -> None:
         assert results[rank]["error"] == "RankFailure" and results[rank]["dead"] == [3], results[rank]
         assert results[rank]["seconds"] < 8.0, results[rank]  # the roll call, not the guard's 8 s timeout
     assert "created" not in results[3] and results[3]["error"] in ("RankFailure", "FencedError"), results[3]
+
+
+@pytest.mark.timeout(120)
+def test_deleting_the_old_worlds_keys_late_never_takes_a_guard_round_of_the_new_world() -> None:
+    """tp=2 x dp=3, rank 3 SIGKILLed; the member that deletes the old worlds' keys after the commit is 4 s late.
+
+    Its peers are already in the guard round of a new family on the new world: its keys must not go with the
+    old ones (before the fix every key under the new world's prefix went, and the round timed out on all).
+    """
+    results: list[Any] = spawn(recovery.slow_cleaner, 6, (3, 4.0), timeout_s=100, allow_deaths=True)
+    assert isinstance(results[3], WorkerDeath), results
+    survivors = [seen for rank, seen in enumerate(results) if rank != 3]
+    assert all("error" not in seen for seen in survivors), results
+    assert sum(seen["late"] for seen in survivors) == 1, results  # one member deleted, late
+    for seen in survivors:
+        if not seen["retired"]:
+            assert seen["sum"] == seen["expected"] == 6.0, results

@@ -307,3 +307,40 @@ def stopped_in_a_commit(victim: int) -> dict[str, Any]:
     else:
         base.set("test/victim-done", "1")
     return out
+
+
+def slow_cleaner(victim: int, delay_s: float) -> dict[str, Any]:
+    """``victim`` SIGKILLs itself in a step; the survivors shrink, and whoever deletes the old worlds' keys after
+    the commit does so ``delay_s`` late, while the others already run a creation's guard round on the new world.
+
+    Each survivor reports the sum of a real all-reduce over every dim of the new grid (its group created behind
+    that guard round) and whether it was the late deleter.
+    """
+    real, late = hypergrid.grid.recovery.forget_keys, [False]
+
+    def forget_late(store: Any, keys: Any) -> int:
+        if keys:
+            late[0] = True
+            time.sleep(delay_s)
+        return real(store, keys)
+
+    hypergrid.grid.recovery.forget_keys = forget_late
+    grid = HyperCommGrid(
+        [2, dist.get_world_size() // 2], ["tp", "dp"], guard_timeout_s=12.0, group_options={"timeout": GROUP_TIMEOUT}
+    )
+    grid.create_pg("dp")
+    dist.barrier()
+    if dist.get_rank() == victim:
+        _die("sigkill")
+    try:
+        _step(grid)
+        return {"error": "a step went through with a dead rank"}
+    except RankFailure as failure:
+        regrid = grid.shrink(dead=failure.dead or None)
+    if regrid.retired:
+        return {"retired": True, "late": late[0]}
+    size = dist.get_world_size()
+    x = torch.tensor([float(dist.get_rank())])
+    regrid.grid.all_reduce(x, ["dp", "tp"])  # a new family: a guard round over the whole new world
+    regrid.grid.destroy()
+    return {"retired": False, "late": late[0], "sum": float(x.item()), "expected": float(size * (size - 1) // 2)}
