@@ -149,7 +149,7 @@ class World:
                 self._link = self.base_store.clone()
             except (RuntimeError, AttributeError):  # a store that cannot open a second connection (torch's FakeStore)
                 return None
-        self.watcher = Watcher(self._link, self.calls, self.number, self.rank, self.size).start()
+        self.watcher = Watcher(self._link, self.calls, self.number, self.rank, self.size, on_fence=_fenced).start()
         return self.watcher
 
     def hand_over(self) -> Any:
@@ -266,6 +266,18 @@ def _uncaught() -> str | None:
         return None
     said = str(error).strip().splitlines()
     return f"{type(error).__name__}: {said[0]}" if said else type(error).__name__
+
+
+def _fenced(reason: str) -> None:
+    """The others went on without this rank: every grid call raises ``FencedError``, and every wait ends.
+
+    The fence is recorded first (a wait that the severing ends finds the rank
+    fenced), then the groups' connections are severed: a point-to-point wait,
+    which nothing else wakes, would otherwise block until the group's timeout
+    when the rank resumed inside it (a SIGSTOP through the others' shrink).
+    """
+    alarm.fence(reason)
+    abort_world_groups()
 
 
 def _world_failed(verdict: Verdict) -> None:

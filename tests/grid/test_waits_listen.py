@@ -75,3 +75,14 @@ def test_a_spare_stopped_through_a_shrink_is_fenced_in_standby() -> None:
     assert results[3] == {"standby": "FencedError"}, results[3]
     for rank in (0, 1, 2):
         assert results[rank] == {"dead": [3], "world": 3, "sum": 3.0}, (rank, results[rank])
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_fenced_inside_a_receive_whose_peer_never_closes_raises_fenced() -> None:
+    """Rank 1 blocks in a receive from a live rank that never sends; the world's end names it: FencedError.
+
+    Only fencing's own severing can end that wait (no peer closes a connection, the group's timeout is 600 s).
+    """
+    results: list[Any] = spawn(waits.fenced_inside_a_receive, 3, timeout_s=90)
+    assert results[1]["error"] == "FencedError", results[1]
+    assert results[1]["seconds"] < BOUND_S, results[1]

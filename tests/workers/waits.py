@@ -10,6 +10,7 @@ spawned world that lives through several failures, each absorbed by a
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import signal
 import sys
@@ -21,6 +22,8 @@ import torch
 import torch.distributed as dist
 
 from hypergrid import Bridge, HyperCommGrid, HyperGridError, RankFailure
+from hypergrid.agreement.liveness import ended_key, wake_key
+from hypergrid.agreement.watcher import Watcher
 from hypergrid.agreement.world import close_all
 from hypergrid.binding.reform import current_epoch
 
@@ -69,6 +72,19 @@ def _stop_self(name: str) -> None:
     store.set(f"test/{name}/pid", str(os.getpid()))
     store.set(f"test/{name}/at", repr(time.time()))
     os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _learn_late(delay_s: float) -> None:
+    """This rank's watcher learns that the others went on without it ``delay_s`` late: once resumed, the main
+    thread is inside its next wait by then (the order that left a point-to-point wait blocked until the group's
+    timeout, before fencing severed the rank's connections)."""
+    real = Watcher._left_behind
+
+    def late(watcher: Watcher, store: Any) -> bool:
+        time.sleep(delay_s)
+        return real(watcher, store)
+
+    Watcher._left_behind = late  # type: ignore[method-assign]
 
 
 def _resume(name: str) -> None:
@@ -155,8 +171,11 @@ def stopped_p2p_senders() -> dict[str, Any]:
 
     Round 1: a ``[2, 3]`` pp x dp grid; rank 0 (a first stage) stops before its step's send; rank 1 waits for it
     in ``exchange``, the only wait on it (the others wait on the store). The survivors shrink past it (``dp``
-    slice 0 dropped: rank 1 retires), check a reduction, then resume rank 0, whose next calls must raise
-    ``FencedError``. Round 2, in the world of 4: a ``Bridge`` dp2 (0, 1) -> dp2 (2, 3); after one transfer rank 0
+    slice 0 dropped: rank 1 retires, and stays alive), check a reduction, then resume rank 0, whose next calls
+    must raise ``FencedError``: its watcher learns it was left behind 2 s late, so its first call (a backward
+    receive from rank 1, which never sends) is already blocked then (the shrink closed rank 1's side of their
+    connection; `fenced_inside_a_receive` has a peer that never does). Round 2, in the world of 4: a ``Bridge``
+    dp2 (0, 1) -> dp2 (2, 3); after one transfer rank 0
     stops before the next; the others wait for it in the bridge; the same again. The last survivors destroy
     their grid and report the ``hypergrid/`` keys still stored.
     """
@@ -166,8 +185,13 @@ def stopped_p2p_senders() -> dict[str, Any]:
     out: dict[str, Any] = {"old_rank": rank, "first": float(_exchange(grid)[0].item())}
     _meet("p2p", list(range(6)))
     if rank == 0:
+        _learn_late(2.0)
         _stop_self("stopped1")
-        out["resumed"] = [_error_of(lambda: _exchange(grid)), _error_of(lambda: grid.all_reduce(torch.ones(1), "dp"))]
+        backward = torch.zeros(4)  # its first call receives from rank 1, which never sends: only a severing ends it
+        out["resumed"] = [
+            _error_of(lambda: grid.exchange("pp", recv_next=backward)),
+            _error_of(lambda: grid.all_reduce(torch.ones(1), "dp")),
+        ]
         _store().set("test/stopped1/done", "1")
         return out
     time.sleep(0.3)  # rank 0 is stopped by then
@@ -191,9 +215,11 @@ def _shrink_past(grid: Any, name: str, out: dict[str, Any], key: str) -> Any:
 
     The new grid, or None on a retired rank.
     """
+    base = _store()  # a retired rank has no default group left to find it through
     regrid = grid.shrink(dim="dp", timeout_s=30.0)
     out[key] = {"dead": list(regrid.dead), "retired": regrid.retired}
-    if regrid.retired:
+    if regrid.retired:  # alive and connected until the stopped rank is done: its send to here blocks, never fails
+        base.wait([f"test/{name}/done"], datetime.timedelta(seconds=60))
         return None
     out[key].update(world=dist.get_world_size(), sum=_reduced(regrid.grid, ["dp", "pp"]))
     if dist.get_rank() == 0:
@@ -250,4 +276,31 @@ def stopped_spare() -> dict[str, Any]:
     out = {"dead": list(regrid.dead), "world": dist.get_world_size(), "sum": _reduced(regrid.grid, ["dp"])}
     if dist.get_rank() == 0:
         os.kill(int(_store().get("test/spare/pid/3")), signal.SIGCONT)
+    return out
+
+
+def fenced_inside_a_receive() -> dict[str, Any]:
+    """3 ranks along ``pp``; rank 1 waits in a receive from rank 0, which is alive, connected and never sends.
+
+    Rank 2 then writes what the others' shrink writes for a rank they left behind (the world's end naming rank
+    1) and wakes rank 1's watcher: rank 1 is fenced while it blocks, and its receive must end with
+    ``FencedError`` (its peers never close their connections here, as a hung or cut-off peer would not).
+    """
+    grid = _grid([3], ["pp"])
+    grid.create_pg("pp")
+    rank, store = dist.get_rank(), _store()
+    out: dict[str, Any] = {"rank": rank}
+    if rank == 1:
+        store.set("test/fence/waiting", "1")
+        began = time.monotonic()
+        out["error"] = _error_of(lambda: grid.exchange("pp", recv_prev=torch.zeros(2)))
+        out["seconds"] = time.monotonic() - began
+        store.set("test/fence/done", "1")
+        return out
+    store.wait(["test/fence/waiting"], datetime.timedelta(seconds=60))
+    if rank == 2:
+        time.sleep(0.5)  # rank 1 is inside its receive by then
+        store.set(ended_key(0), json.dumps([1]))
+        store.set(wake_key(0, 1), "1")
+    store.wait(["test/fence/done"], datetime.timedelta(seconds=60))
     return out
