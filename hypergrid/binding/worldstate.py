@@ -23,13 +23,10 @@ from hypergrid.errors import WorldSizeError
 
 __all__ = ["WORLDS", "AlarmState", "News", "WorldState", "Worlds", "held_group_count", "world_size_hint"]
 
-#: ``report(kind, text)``: call a roll call of the whole world, ``"failure"`` (this rank saw one) or
-#: ``"probe"`` (a wait lasts long), and return the dead ranks it found (None when no verdict came in
-#: time). Installed by the watcher of the current world.
+#: ``report(kind, text)``: a roll call of the world, for a ``"failure"`` or a ``"probe"`` (a wait lasts long); the
+#: dead ranks it found, or None when no verdict came in time.
 Reporter = Callable[[str, str], "Sequence[int] | None"]
-
-#: ``excluded()``: whether the others ended the current world without this rank (read from the store; the
-#: rank is fenced when so). Installed by the watcher with the reporter; asked only once the world failed.
+#: ``excluded()``: whether the others ended the current world without this rank (read from the store; it fences it).
 Excluded = Callable[[], bool]
 
 
@@ -48,8 +45,8 @@ class AlarmState:
     news: News | None = None  # the world's failure, once the roll call settled it
     waiters: set[threading.Event] = field(default_factory=set)  # the grid waits it wakes
     listeners: list[Callable[[], object]] = field(default_factory=list)  # what ends a wait on a store key
-    reporter: Reporter | None = None  # the watcher's roll call
-    excluded: Excluded | None = None  # the watcher's check that the others ended the world without this rank
+    reporter: Reporter | None = None  # installed by the world's watcher
+    excluded: Excluded | None = None  # installed with the reporter; asked only once the world failed
 
 
 class WorldState:
