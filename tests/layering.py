@@ -185,10 +185,10 @@ def adapter_private_uses() -> list[str]:
     return found
 
 
-# The grid's core: the only state of a grid, and the declared interface every facet uses (hypergrid/grid/core.py).
-CORE_MODULE, CORE_CLASSES = "grid.core", ("GridCore", "Registry")
+# What a facet may use of the grid's core: the Protocol GridFacet._core has, which GridCore satisfies (mypy checks).
+CORE_MODULE, CORE_CLASSES = "binding.facet", ("FacetCore", "FacetRegistry")
 # What a facet may use of the grid beyond its own class: GridFacet's members (hypergrid/binding/facet.py).
-FACET_BASE = "binding.facet"
+FACET_BASE, FACET_CLASSES = "binding.facet", ("GridFacet",)
 
 
 def facet_modules() -> list[str]:
@@ -237,12 +237,12 @@ def facet_coupling() -> list[str]:
     """Where a facet reaches past the core's declared interface: ``module:line what``.
 
     A facet may use its own members, ``GridFacet``'s, and through ``._core``
-    only what ``GridCore`` and its ``Registry`` declare; it never uses another
+    only what ``FacetCore`` and ``FacetRegistry`` declare; it never uses another
     facet's (or the front's) private member, and stores no private attribute of
     its own (a facet holds no state).
     """
     core = declared(CORE_MODULE, CORE_CLASSES)
-    base = declared(FACET_BASE) | {"_core"}  # the core itself, declared (typed) on GridFacet
+    base = declared(FACET_BASE, FACET_CLASSES) | {"_core"}  # the core itself, declared (typed) on GridFacet
     facets = facet_modules()
     grid_private = {name for module in [*facets, "grid.grid"] for name in declared(module) if name.startswith("_")}
     found = []
@@ -263,7 +263,7 @@ def facet_coupling() -> list[str]:
                 continue
             where = f"hypergrid.{name}:{node.lineno}"
             if isinstance(node.value, ast.Attribute) and node.value.attr == "_core" and node.attr not in core:
-                found.append(f"{where} ._core.{node.attr} (GridCore declares no such name)")
+                found.append(f"{where} ._core.{node.attr} (FacetCore declares no such name)")
             elif id(node) in stored and _on_self(node) and node.attr.startswith("_") and node.attr != "_core":
                 found.append(f"{where} self.{node.attr} = ... (a facet holds no state: keep it in the core)")
             elif node.attr in grid_private and node.attr not in own | base:

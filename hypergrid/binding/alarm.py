@@ -39,9 +39,8 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
-from hypergrid.binding.worldstate import WORLDS
+from hypergrid.binding.worldstate import WORLDS, Excluded, News, Reporter
 from hypergrid.errors import FencedError, HyperGridError, RankFailure, StoreLostError
 from hypergrid.values import format_ranks
 
@@ -66,34 +65,16 @@ __all__ = [
     "watched",
 ]
 
-#: ``report(kind, text)``: call a roll call of the whole world, ``"failure"`` (this rank saw one) or
-#: ``"probe"`` (a wait lasts long), and return the dead ranks it found (None when no verdict came in
-#: time). Installed by the watcher of the current world.
-Reporter = Callable[[str, str], "Sequence[int] | None"]
-
-#: ``excluded()``: whether the others ended the current world without this rank (read from the store; the
-#: rank is fenced when so). Installed by the watcher with the reporter; asked only once the world failed.
-Excluded = Callable[[], bool]
-
-
-@dataclass(frozen=True)
-class News:
-    """A failure of the current world, as the roll call settled it."""
-
-    dead: tuple[int, ...]
-    reason: str
-
 
 def install(reporter: Reporter | None, excluded: Excluded | None = None) -> None:
     """Set (or clear, with None) the current world's reporter and exclusion check: the watcher does, when it starts."""
-    data = WORLDS.state().alarm
-    data["reporter"], data["excluded"] = reporter, excluded
+    state = WORLDS.state().alarm
+    state.reporter, state.excluded = reporter, excluded
 
 
 def news() -> News | None:
     """The current world's failure, once the roll call settled it; else None."""
-    found: News | None = WORLDS.state().alarm["news"]
-    return found
+    return WORLDS.state().alarm.news
 
 
 def fenced() -> str | None:
@@ -103,12 +84,11 @@ def fenced() -> str | None:
 
 def sound(dead: Sequence[int], reason: str) -> None:
     """The current world failed (``dead`` did not answer the roll call): end every grid wait at once."""
-    data = WORLDS.state().alarm
+    state = WORLDS.state().alarm
     with WORLDS.alarm_lock:
-        if data["news"] is None:
-            data["news"] = News(tuple(sorted(dead)), reason)
-        waiters = list(data["waiters"])
-        listeners = list(data["listeners"])
+        if state.news is None:
+            state.news = News(tuple(sorted(dead)), reason)
+        waiters, listeners = list(state.waiters), list(state.listeners)
     for event in waiters:
         event.set()
     for listener in listeners:
@@ -130,10 +110,10 @@ def listening(on_news: Callable[[], object]) -> Iterator[None]:
         >>> with listening(lambda: None):
         ...     pass
     """
-    data = WORLDS.state().alarm
+    state = WORLDS.state().alarm
     with WORLDS.alarm_lock:
-        data["listeners"].append(on_news)
-        sounded = data["news"] is not None
+        state.listeners.append(on_news)
+        sounded = state.news is not None
     try:
         if sounded:
             with contextlib.suppress(RuntimeError):
@@ -141,30 +121,30 @@ def listening(on_news: Callable[[], object]) -> Iterator[None]:
         yield
     finally:
         with WORLDS.alarm_lock:
-            data["listeners"][:] = [listener for listener in data["listeners"] if listener is not on_news]
+            state.listeners[:] = [listener for listener in state.listeners if listener is not on_news]
 
 
 @contextlib.contextmanager
 def waking(event: threading.Event) -> Iterator[None]:
     """While inside, the world's failure sets ``event`` (a thread that waits on it wakes at once)."""
-    data = WORLDS.state().alarm
+    state = WORLDS.state().alarm
     with WORLDS.alarm_lock:
-        data["waiters"].add(event)
+        state.waiters.add(event)
     try:
         yield
     finally:
         with WORLDS.alarm_lock:
-            data["waiters"].discard(event)
+            state.waiters.discard(event)
 
 
 def watched() -> bool:
     """Whether a watcher reports for the current world (else waits are plain: a world of one, the fake backend)."""
-    return WORLDS.state().alarm["reporter"] is not None
+    return WORLDS.state().alarm.reporter is not None
 
 
 def probe(what: str, text: str) -> None:
     """A wait of ``what`` lasts: ask for a roll call (a peer found gone sounds the alarm); nothing without a watcher."""
-    reporter: Reporter | None = WORLDS.state().alarm["reporter"]
+    reporter = WORLDS.state().alarm.reporter
     if reporter is not None:
         with store_calls(what):
             reporter("probe", text)
@@ -199,9 +179,9 @@ def _confirm(what: str) -> None:
     through the others' whole shrink learns here, on its first call, that it
     was left behind, whatever its watcher has read by then.
     """
-    data = WORLDS.state().alarm
-    excluded: Excluded | None = data["excluded"]
-    if excluded is not None and data["news"] is not None and WORLDS.fence is None and WORLDS.store_lost is None:
+    state = WORLDS.state().alarm
+    excluded = state.excluded
+    if excluded is not None and state.news is not None and WORLDS.fence is None and WORLDS.store_lost is None:
         with store_calls(what):
             excluded()
 
@@ -310,9 +290,9 @@ def failure(what: str, said: str, dead: Sequence[int] = ()) -> HyperGridError:
     With a watcher installed the failure is reported (every rank's waits end)
     and the roll call names the dead; without one, ``dead`` as given.
     """
-    data = WORLDS.state().alarm
-    reporter: Reporter | None = data["reporter"]
-    if WORLDS.fence is None and data["news"] is None and reporter is not None:
+    state = WORLDS.state().alarm
+    reporter = state.reporter
+    if WORLDS.fence is None and state.news is None and reporter is not None:
         try:
             with store_calls(what):
                 found = reporter("failure", f"{what}: {said}")

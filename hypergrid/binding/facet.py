@@ -7,28 +7,66 @@ per-family getters, views, node awareness, DeviceMesh export, collectives,
 pipeline helpers — each in a module of its own as a ``GridFacet`` subclass
 that ``HyperCommGrid`` inherits. A facet holds no state; it uses its own
 members, the public ones and those declared here, and the core through
-``_core`` (``tests/layering.py`` checks it).
+``_core``, typed as `FacetCore`: what it declares is all a facet may use of
+the core (mypy and ``tests/layering.py`` check it; ``GridCore`` satisfies it).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch.distributed as dist
 
 from hypergrid.errors import NotInitializedError, RankError
 
 if TYPE_CHECKING:
+    from hypergrid.binding.registry import PgKey
     from hypergrid.layout import Dims, GridLayout
 
-__all__ = ["GridFacet"]
+__all__ = ["FacetCore", "FacetRegistry", "GridFacet"]
+
+
+class FacetRegistry(Protocol):
+    """What a facet uses of the registry a root grid shares with its views (``hypergrid.grid.core.Registry``)."""
+
+    views: dict[str, Any]  # name -> its view's RankView (hypergrid.grid.core)
+    groups: dict[PgKey, Any]
+    families: dict[PgKey, tuple[GridLayout, tuple[str, ...], int | None]]
+    pool: Any  # hypergrid.grid.communicators.GroupPool
+    spares_released: bool
+    device_meshes: Any
+
+
+class FacetCore(Protocol):
+    """What a facet uses of the grid's core (``hypergrid.grid.core.GridCore``, which documents each member)."""
+
+    root: Any  # the root grid, a HyperCommGrid
+    view_name: str
+    ordinal: int
+    epoch: int
+    resync: int
+    creations: int
+    guard_ledger: Any  # hypergrid.agreement.guard.GuardLedger
+    create_families: Callable[..., dict[PgKey, dist.ProcessGroup | None]]
+    shared: Callable[..., tuple[Hashable, Any]]
+    keep: Callable[..., Any]
+
+    @property
+    def registry(self) -> FacetRegistry: ...
+    def bind(self, root: Any, view_name: str) -> None: ...
+    def describe(self) -> str: ...
+    def init_kwargs(self) -> dict[str, Any]: ...
+    def family(self, dims: Dims, view: str | None) -> tuple[PgKey, GridLayout, Any]: ...
+    def key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> PgKey: ...
+    def node_size_of(self, key: PgKey | None, given: object, half: object) -> int | None: ...
 
 
 class GridFacet:
     """Base of the grid's facets: the grid's members they use (its core among them), and three small helpers."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
-        _core: Any  # all of the grid's state: hypergrid.grid.core.GridCore
+        _core: FacetCore  # all of the grid's state: hypergrid.grid.core.GridCore
         layout: GridLayout
         backend: str | None
         strategy: str
@@ -48,7 +86,6 @@ class GridFacet:
         @property
         def size(self) -> int: ...
         def pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None: ...
-        def get_pg(self, dims: Dims) -> dist.ProcessGroup | None: ...
 
     def _require_initialized(self, what: str) -> None:
         if not (dist.is_available() and dist.is_initialized()):

@@ -12,6 +12,8 @@ import datetime
 import os
 import threading
 import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
@@ -19,7 +21,32 @@ from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.errors import WorldSizeError
 
-__all__ = ["WORLDS", "WorldState", "Worlds", "held_group_count", "world_size_hint"]
+__all__ = ["WORLDS", "AlarmState", "News", "WorldState", "Worlds", "held_group_count", "world_size_hint"]
+
+#: ``report(kind, text)``: a roll call of the world, for a ``"failure"`` or a ``"probe"`` (a wait lasts long); the
+#: dead ranks it found, or None when no verdict came in time.
+Reporter = Callable[[str, str], "Sequence[int] | None"]
+#: ``excluded()``: whether the others ended the current world without this rank (read from the store; it fences it).
+Excluded = Callable[[], bool]
+
+
+@dataclass(frozen=True)
+class News:
+    """A failure of the current world, as the roll call settled it."""
+
+    dead: tuple[int, ...]
+    reason: str
+
+
+@dataclass
+class AlarmState:
+    """The alarm's part of a world's state (`hypergrid.binding.alarm`), changed under ``WORLDS.alarm_lock``."""
+
+    news: News | None = None  # the world's failure, once the roll call settled it
+    waiters: set[threading.Event] = field(default_factory=set)  # the grid waits it wakes
+    listeners: list[Callable[[], object]] = field(default_factory=list)  # what ends a wait on a store key
+    reporter: Reporter | None = None  # installed by the world's watcher
+    excluded: Excluded | None = None  # installed with the reporter; asked only once the world failed
 
 
 class WorldState:
@@ -27,19 +54,12 @@ class WorldState:
 
     Examples:
         >>> state = WorldState()
-        >>> state.alarm["news"], state.local_names
+        >>> state.alarm.news, state.local_names
         (None, {})
     """
 
     def __init__(self) -> None:
-        # The alarm's (binding.alarm): the world's failure news, the grid waits to wake, the watcher's reporter.
-        self.alarm: dict[str, Any] = {
-            "news": None,
-            "waiters": set(),
-            "listeners": [],
-            "reporter": None,
-            "excluded": None,
-        }
+        self.alarm = AlarmState()  # binding.alarm: the world's failure news, the waits to wake, the watcher's
         self.local_names: dict[tuple[tuple[int, ...], int], str] = {}  # creation: (ranks, groups held) -> name
         self.guard_leftovers: dict[str, list[str]] = {}  # guard: scope family -> its failed rounds' prefixes
         self.guard_last_commits: dict[str, str] = {}  # guard: scope family -> its last passed commit's prefix

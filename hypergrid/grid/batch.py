@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
@@ -42,9 +42,6 @@ from hypergrid.layout import Dims, GridLayout
 from hypergrid.layout.hierarchy import hierarchical_family, node_size, resolve_scope
 from hypergrid.values import shown
 
-if TYPE_CHECKING:
-    from hypergrid.grid.core import GridCore
-
 __all__ = ["GuardedCreation"]
 
 #: One family of a batch: its registry key, the layout that enumerates it, its dims in canonical order.
@@ -53,9 +50,6 @@ Plan = tuple[PgKey, GridLayout, tuple[str, ...]]
 
 class GuardedCreation(GridFacet):
     """Batch creation and the guard round of a creation (a mixin of ``HyperCommGrid``)."""
-
-    if TYPE_CHECKING:  # provided by HyperCommGrid
-        _core: GridCore
 
     def _batch(self, dims_list: object, view: str | None) -> list[Dims]:
         """The families of ``dims_list`` in canonical order (fewest dims first); refuses empty lists and repeats."""

@@ -2,8 +2,8 @@
 
 ``HyperCommGrid`` is a front over its facets (``GridFacet`` subclasses), which
 hold no state: a grid keeps everything in its ``_core``, and a facet uses only
-the names ``GridCore`` and its `Registry` (shared by a root and its views)
-declare (``tests/layering.py`` checks it). The adapters (``hypergrid.compat``)
+what ``hypergrid.binding.facet.FacetCore`` declares of it and of its `Registry`
+(shared by a root and its views): mypy and ``tests/layering.py`` check it. The adapters (``hypergrid.compat``)
 use ``grid_core(grid)``: ``root``, ``view_name``, ``rank_view``,
 ``family_key`` and ``is_created``, never a private member of the grid.
 

@@ -34,9 +34,6 @@ from hypergrid.layout.shrink import ShrinkPlan, check_policy
 from hypergrid.validation import check_int, check_ints, refuse
 from hypergrid.values import check_timeout, shown
 
-if TYPE_CHECKING:
-    from hypergrid.grid.core import GridCore
-
 __all__ = ["Elastic", "Regrid", "check_spares"]
 
 _SHRINK = "shrink "
@@ -83,7 +80,6 @@ class Elastic(GridFacet):
     """Abort, shrink, spares and standby (a mixin of ``HyperCommGrid``)."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid
-        _core: GridCore
 
         @property
         def created_keys(self) -> list[PgKey]: ...

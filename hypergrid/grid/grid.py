@@ -144,7 +144,7 @@ class HyperCommGrid(
         check_fits(self, world)
         self.spares = check_spares(spares, world, self.rank_offset + self.size)
         # All of the grid's state: its registry (shared with its views), views, pool and guard ledgers.
-        self._core = GridCore(self, self.layout)
+        self._core: GridCore = GridCore(self, self.layout)  # the facets see it as a FacetCore
 
     @property
     def _pgs(self) -> dict[PgKey, Any]:

@@ -27,8 +27,6 @@ from hypergrid.values import as_int, is_int, shown
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from hypergrid.grid.core import GridCore
-
 __all__ = ["BASE_VIEW", "RankView", "Views"]
 
 
@@ -105,7 +103,6 @@ class Views(GridFacet):
     """Other factorizations of the grid's ranks (a mixin of ``HyperCommGrid``)."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid.grid)
-        _core: GridCore
 
         def __init__(
             self,
