@@ -31,11 +31,11 @@ job started; then the median and the maximum. A job whose shrink ended before
 the moment, or in which the others had committed, is not counted.
 
 At scale: one real ``TCPStore`` server and ``--threads`` client connections
-playing every participant (as ``benchmarks/guard.py`` does): the world's roll
-call (`hypergrid.agreement.liveness.Incident`, the last rank dead, so it closes
-at its deadline) and the survivors' agreement
-(`hypergrid.agreement.membership.MembershipRound`), with the store operations
-of the busiest participant and of all.
+playing every participant (as ``benchmarks/guard.py`` does): the survivors'
+agreement (`hypergrid.agreement.membership.MembershipRound`), with the store
+operations of the busiest participant and of all. The world's roll call at
+scale is `benchmarks/rollcall.py` (pipelined simulated ranks: threads playing
+16,384 watchers measured the threads, not the store).
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]
 from benchmarks.common import median, progress, write_json
 from benchmarks.guard import simulate
 from hypergrid import HyperCommGrid, HyperGridError, RankFailure, spawn
-from hypergrid.agreement.liveness import FAILURE, Incident, bound_s, incident_prefix
 from hypergrid.agreement.membership import MembershipRound, Proposal, round_prefix
 from hypergrid.binding.reform import current_epoch
 
@@ -276,30 +275,6 @@ def recovery(world: int, repeats: int, second_death: bool) -> dict[str, Any]:
     return row
 
 
-class _RollCall:
-    """One rank's side of a roll call, as `benchmarks.guard.simulate` drives it: True where it read the verdict."""
-
-    def __init__(self, store: Any, prefix: str, rank: int, size: int) -> None:
-        self.incident = Incident(store, prefix, rank, range(size + 1))  # rank ``size`` never answers
-        self.size = size
-        self.call = ""
-
-    def arrive(self) -> bool:
-        self.call = self.incident.answer() or ""
-        return False
-
-    def decide(self) -> bool:  # never: with a dead rank nobody's answer completes the roll call
-        raise AssertionError("a roll call with a dead rank closes at its deadline")
-
-    def await_verdict(self) -> bool:
-        deadline = time.monotonic() + bound_s(self.size + 1)
-        verdict = self.incident.close(self.call, deadline)
-        if verdict is None:
-            return False
-        self.incident.conclude(verdict)
-        return verdict.dead == (self.size,)
-
-
 class _Agreeing:
     """A membership round's steps, answering True where the participant got the expected dead set."""
 
@@ -323,19 +298,13 @@ def at_scale(sizes: list[int], threads: int) -> list[dict[str, Any]]:
     rows = []
     for size in sizes:
         # `size` live ranks of a world of size + 1 whose last rank is dead.
-        prefix = incident_prefix(size, 0)
-        server.set(f"{prefix}/call", f"{FAILURE} benchmark")
-
-        def roll_call(store: Any, rank: int, prefix: str = prefix, size: int = size) -> Any:
-            return _RollCall(store, prefix, rank, size)
-
         proposal = Proposal((size,), "drop", "dp")
 
         def agreeing(store: Any, rank: int, size: int = size, proposal: Proposal = proposal) -> Any:
             side = MembershipRound(store, round_prefix(size), rank, range(size + 1), proposal, 900.0)
             return _Agreeing(side)
 
-        for impl, maker in (("roll call", roll_call), ("shrink agreement", agreeing)):
+        for impl, maker in (("shrink agreement", agreeing),):
             sample = simulate("hypergrid", size, clients, f"bench/elastic/{impl}/{size}", maker)
             left = server.num_keys() - baseline
             if left:

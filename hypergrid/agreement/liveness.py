@@ -43,9 +43,14 @@ A world that a shrink ended keeps one record (`ended_key`: the ranks left
 behind), so a rank stopped through the whole shrink, whose wake key and calls
 were deleted meanwhile, learns it whenever it resumes.
 
-Per rank and incident: wait, read the call, append, count, wait, read the
-verdict, count the read: 7 store operations, whatever the number of ranks
-(the closer adds a roster read and the verdict, the last reader 5 deletes).
+Per rank and incident, from its wake to its next wait (`Watcher`'s loop
+included): look for the call, read it, append, count, wait, look for the
+verdict, read it, count the read, look for the next call, delete the wake
+key, look again, wait: 12 store operations, whatever the number of ranks (a
+closer adds the left list's and the roster's reads and the verdict; the last
+reader 5 deletes). The caller writes every wake key in one ``multi_set`` per
+`MULTI_SET_KEYS` ranks. The closer finds the dead in one pass over the
+roster (a set), linear in the number of ranks.
 """
 
 from __future__ import annotations
@@ -79,6 +84,8 @@ FAILURE, PROBE = "failure", "probe"
 PER_RANK_S = 1e-4
 #: How much longer than the first two answers the others wait before they close a roll call themselves.
 BACKUP_S = 5.0
+#: The most keys torch 2.13's store server takes in one ``multi_set`` (it drops the connection beyond).
+MULTI_SET_KEYS = 131072
 
 
 #: The call that ends a world (its ranks moved to the next one): ``end [dead, readers]``.
@@ -246,8 +253,8 @@ class Incident:
         """Open the incident (unless someone did first) and wake the watchers of ``wake``; the call in force.
 
         The rank whose call opened the incident writes the wake keys
-        (`wake_key`) of ``wake`` in one ``multi_set``: one store operation
-        whatever the world's size.
+        (`wake_key`) of ``wake`` (`wake`): one store operation per
+        `MULTI_SET_KEYS` ranks.
         """
         mine = f"{kind} {text}"
         current: bytes = self.store.compare_set(self.key("call"), "", mine)
@@ -256,9 +263,11 @@ class Incident:
         return current.decode()
 
     def wake(self, ranks: Sequence[int]) -> None:
-        """Write the wake keys of ``ranks`` in this incident's world (one ``multi_set``)."""
+        """Write the wake keys of ``ranks`` in this incident's world: one ``multi_set`` per `MULTI_SET_KEYS`."""
         keys = [wake_key(self.world, rank) for rank in ranks]
-        self.store.multi_set(keys, [self.prefix] * len(keys))
+        for start in range(0, len(keys), MULTI_SET_KEYS):
+            chunk = keys[start : start + MULTI_SET_KEYS]
+            self.store.multi_set(chunk, [self.prefix] * len(chunk))
 
     def answer(self) -> str | None:
         """Answer the roll call for this rank; the call, or None where the world went on without this rank.
@@ -282,7 +291,9 @@ class Incident:
         The first two ranks to answer close the roll call at ``deadline``; the
         others wait longer (`BACKUP_S` more) and close it only if both of those
         died meanwhile, so a roll call with a dead rank ends one timed-out store
-        wait on two ranks, not on all of them (torch logs each one).
+        wait on two ranks, not on all of them (torch logs each one). Nothing
+        closes it earlier than ``deadline`` unless every expected rank
+        answered: a rank that answers before ``deadline`` is never named dead.
         """
         kind, _, text = call.partition(" ")
         if self._complete:
@@ -293,10 +304,11 @@ class Incident:
             return None if data is None else Verdict.decode(data)
         left = set(_ranks(diagnosis.read(self.store, self.left_key)))
         expected = [rank for rank in self.expected if rank not in left]
-        alive = sorted(diagnosis.alive_of(self.store, self.prefix) & set(expected))
+        answered = diagnosis.alive_of(self.store, self.prefix)
+        alive = sorted(answered & set(expected))
         if not majority(alive, expected):
             return self._publish(Verdict("minority", (), text, tuple(alive)))
-        dead = tuple(rank for rank in expected if rank not in set(alive))
+        dead = tuple(rank for rank in expected if rank not in answered)  # one set, not one per rank (O(N^2))
         return self._publish(Verdict(kind, dead, text))
 
     @property

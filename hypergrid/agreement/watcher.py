@@ -208,20 +208,24 @@ class Watcher:
         try:
             while not self.stopped:
                 prefix = incident_prefix(self.world, self.number)
-                # Delete the wake key, then look for the call, then wait: a call written after the look sets the
-                # wake key again, so none is missed (a wake with no call, e.g. a second caller's, loops once).
-                self.store.delete_key(wake)
-                if not self.store.check([f"{prefix}/call"]):
-                    # Woken without a call: a late wake, or the world ended while this rank was stopped (the
-                    # others read the call and deleted it, with this rank's wake key): its record says which.
-                    if woken and self._left_behind(self.store):
-                        break
-                    woken = self._sleep(wake)
-                    continue
+                # Look for the call; without one, delete the wake key, look again, then wait: a call written after
+                # the second look sets the wake key again, so none is missed (a wake with no call, e.g. a second
+                # caller's, loops once). A woken rank that finds its call deletes nothing: one operation less.
+                call = f"{prefix}/call"
+                if not self.store.check([call]):
+                    self.store.delete_key(wake)
+                    if not self.store.check([call]):
+                        # Woken without a call: a late wake, or the world ended while this rank was stopped (the
+                        # others read the call and deleted it, with this rank's wake key): its record says which.
+                        if woken and self._left_behind(self.store):
+                            break
+                        woken = self._sleep(wake)
+                        continue
                 if self.stopped:
                     break
                 if not self._handle(prefix):
                     break
+                woken = False  # back to waiting after an incident: its wake was this one's, not a late one
             with contextlib.suppress(RuntimeError):
                 self.store.delete_key(wake)  # a close's wake (the thread leaves no key behind)
         except RuntimeError as error:  # the store is gone: the job is over (or this rank is cut off)

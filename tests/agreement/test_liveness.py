@@ -35,9 +35,18 @@ def client(server: Any) -> CountingStore:
 
 
 def roll_call(
-    server: Any, world: int, size: int, answering: list[int], number: int = 0, bound: float = BOUND
+    server: Any,
+    world: int,
+    size: int,
+    answering: list[int],
+    number: int = 0,
+    bound: float = BOUND,
+    late: dict[int, float] | None = None,
 ) -> tuple[dict[int, Any], dict[int, int]]:
-    """Incident ``number`` of world ``world``: ``answering`` ranks answer (one thread each); the verdicts they read."""
+    """Incident ``number`` of world ``world``: ``answering`` ranks answer (one thread each); the verdicts they read.
+
+    A rank in ``late`` answers that many seconds after the call (the others at once).
+    """
     prefix = incident_prefix(world, number)
     client(server).compare_set(f"{prefix}/call", "", f"{FAILURE} test")
     verdicts: dict[int, Any] = {}
@@ -46,6 +55,7 @@ def roll_call(
     def rank_side(rank: int) -> None:
         store = client(server)
         incident = Incident(store, prefix, rank, list(range(size)))
+        time.sleep((late or {}).get(rank, 0.0))
         call = incident.answer()
         verdict = None if call is None else incident.close(call, time.monotonic() + bound)
         if verdict is not None:
@@ -75,6 +85,18 @@ def test_ranks_that_do_not_answer_are_dead_for_every_survivor(server: Any) -> No
     before = server.num_keys()
     verdicts, _ = roll_call(server, 1, 8, [0, 1, 2, 4, 5, 7])
     assert {verdict.dead for verdict in verdicts.values()} == {(3, 6)}
+    assert server.num_keys() == before
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_answers_before_the_bound_is_never_dead_however_long_the_others_heard_nothing(
+    server: Any,
+) -> None:
+    # Ranks 0 to 2 answer at once, rank 3 after 0.6 of the 1 s bound (no answer comes in meanwhile), rank 4 never:
+    # only rank 4 is dead. A closer that ended the wait once the answers seemed to stop would fence rank 3.
+    before = server.num_keys()
+    verdicts, _ = roll_call(server, 12, 5, [0, 1, 2, 3], bound=1.0, late={3: 0.6})
+    assert {verdict.dead for verdict in verdicts.values()} == {(4,)}
     assert server.num_keys() == before
 
 

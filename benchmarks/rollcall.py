@@ -1,0 +1,359 @@
+"""The world's roll call at scale: a real TCPStore, two real watchers, and many pipelined simulated ranks.
+
+    python benchmarks/rollcall.py [--participants 1024,16384,131072] [--processes 4]
+        [--connections 16384] [--repeats 3] [--json PATH]
+
+A world of N + 1 ranks whose last rank is dead; rank 0's main thread reports
+a failure (`hypergrid.agreement.watcher.Watcher.report`), so the roll call
+closes at its bound (`hypergrid.agreement.liveness.bound_s` after its closers saw
+the call: `hypergrid.agreement.liveness.Incident.close`).
+
+What runs for real: the ``TCPStore`` server (one event loop, as rank 0 hosts
+it in a job); the caller (rank 0's report: the call and one ``multi_set`` of
+every wake key); ranks 0 and 1 as real `Watcher` threads, each on its own
+connection, woken by that ``multi_set`` like every rank (their wake keys come
+first in it, so they answer first and are the roll call's closers, as ranks
+woken first are in a job).
+
+What is simulated: ranks 2 .. N - 1, by ``--processes`` processes. Each sends,
+for each of its ranks, the same requests in the same order as a real
+watcher that is not a closer (`SCRIPT`: the test
+``tests/agreement/test_rollcall_scale.py`` checks it against a real watcher's
+operations), byte for byte as torch's client writes them
+(`benchmarks.store_wire`), over ``--connections`` sockets in all. With one
+rank per socket (``--connections`` ≥ N) the server sees what it sees in a
+job during a roll call: each rank uses only its watcher's connection (its
+default-store connection stays idle), one socket per rank. With more ranks
+than sockets (the host's file limit: 20,000 descriptors here), the ranks of a
+socket send their requests back to back (the server parses them from one read
+instead of one read each), and wait together: one ``wait`` on all their wake
+keys and one on the verdict, so the server sends one notification per socket
+where a job's would send one per rank. The server's per-request work (parse,
+map, answer) is the job's; its per-rank read and notification syscalls are
+not. A real rank's client-side round trips are not either: a simulated rank
+sends its next request without waiting for the answer of the previous one
+(its answers are checked afterwards).
+
+Reported per size: seconds from the call until every live rank read the
+verdict (median of ``--repeats`` roll calls, each on fresh connections), the
+dead named, and the store operations per rank (simulated: `SCRIPT`; the
+closers' counted on their connections).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import multiprocessing
+import pathlib
+import selectors
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Generator
+from typing import Any
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+from benchmarks import store_wire as wire
+from benchmarks.common import median, progress, write_json
+from benchmarks.guard import CountingStore
+from hypergrid.agreement.diagnosis import ABSENT
+from hypergrid.agreement.liveness import FAILURE, Incident, Verdict, bound_s, incident_prefix, wake_key
+from hypergrid.agreement.watcher import Watcher
+
+#: A watcher's store operations for one incident that it does not close, from the wake to waiting again.
+SCRIPT = (
+    "check call",  # woken: is there a call?
+    "read call",  # Incident.answer
+    "append alive",
+    "add count",
+    "wait verdict",  # Incident.close (diagnosis.wait_for)
+    "check verdict",
+    "read verdict",
+    "add read",  # Incident.conclude
+    "check next call",  # the watcher's loop
+    "delete wake",
+    "check next call",
+    "wait wake",
+)
+TEXT = "benchmark"
+_TIMEOUT = datetime.timedelta(seconds=900)
+
+
+class _Socket:
+    """The simulated ranks of one connection: their requests, by phase, and what the answers must be."""
+
+    def __init__(self, sock: socket.socket, world: int, ranks: range, readers: int) -> None:
+        self.sock = sock
+        self.ranks = ranks
+        self.readers = readers
+        prefix = incident_prefix(world, 0)
+        self.prefix, self.world = prefix, world
+        call, following = f"{prefix}/call", f"{incident_prefix(world, 1)}/call"
+        self.wakes = [wake_key(world, rank) for rank in ranks]
+        self.idle = b"".join(wire.check([call]) + wire.delete_key(wake) + wire.check([call]) for wake in self.wakes)
+        self.idle += wire.wait(self.wakes)
+        self.answer = b"".join(
+            wire.check([call])
+            + wire.compare_set(call, ABSENT, ABSENT)
+            + wire.append(f"{prefix}/alive", f"{rank}\n")
+            + wire.add(f"{prefix}/count", 1)
+            for rank in ranks
+        )
+        self.conclude = [
+            wire.check([f"{prefix}/verdict"])
+            + wire.compare_set(f"{prefix}/verdict", ABSENT, ABSENT)
+            + wire.add(f"{prefix}/read", 1)
+            + wire.check([following])
+            + wire.delete_key(wake)
+            + wire.check([following])
+            for wake in self.wakes
+        ]
+        self.woken = self.woken_at = self.answered = 0.0
+        self.heard = 0.0
+        self.orders: list[int] = []
+        self.closing: list[int] = []  # the ranks here that answered first or second, until `drive` runs their close
+        self.verdicts: set[bytes] = set()
+        self.last_reader = False
+
+    def go_idle(self) -> None:
+        """Before the call: each rank looks for a call, deletes its wake key, looks again and waits (blocking)."""
+        self.sock.sendall(self.idle)
+        wire.receive(self.sock, len(self.ranks) * (wire.FLAG + wire.INT + wire.FLAG))
+
+    def steps(self, call_size: int) -> Generator[tuple[bytes, int], bytes, None]:
+        """The incident, as (bytes to send, size of the answer to read next); each answer is sent back in.
+
+        A rank whose answer came first or second (the roll call's closers) is
+        left out of the pipelined steps after its answer: `drive` runs the real
+        `Incident.close` for it.
+        """
+        yield b"", wire.FLAG  # the wake (the caller's multi_set)
+        self.woken, self.woken_at = time.monotonic(), time.time()
+        per = wire.FLAG + wire.INT + call_size + wire.INT
+        data = yield self.answer, len(self.ranks) * per
+        self.answered = time.time()
+        self.orders = [struct.unpack_from("<q", data, at + per - wire.INT)[0] for at in range(0, len(data), per)]
+        waiting = [index for index, order in enumerate(self.orders) if order > 2]
+        self.closing = [index for index, order in enumerate(self.orders) if order <= 2]
+        if not waiting:
+            return
+        yield wire.wait([f"{self.prefix}/verdict"]), wire.FLAG
+        conclude = b"".join(self.conclude[index] for index in waiting)
+        conclude += wire.wait([self.wakes[index] for index in waiting])  # idle again (never answered here)
+        head = yield conclude, wire.FLAG + wire.INT  # the check's answer, then the verdict's length
+        size = struct.unpack_from("<Q", head, wire.FLAG)[0]
+        per = wire.FLAG + wire.INT + size + wire.INT + wire.FLAG + wire.INT + wire.FLAG
+        data = head + (yield b"", len(waiting) * per - len(head))
+        self.heard = time.time()
+        at_verdict = wire.FLAG + wire.INT
+        for at in range(0, len(data), per):
+            self.verdicts.add(data[at + at_verdict : at + at_verdict + size])
+            self.last_reader |= struct.unpack_from("<q", data, at + at_verdict + size)[0] >= self.readers
+        if self.last_reader:  # Incident.conclude's clean-up
+            names = ("call", "alive", "count", "verdict", "read")
+            keys = [f"{self.prefix}/{name}" for name in names] + [wake_key(self.world, self.readers)]
+            yield b"".join(wire.delete_key(key) for key in keys), len(keys) * wire.INT
+
+
+def _close(port: int, one: _Socket, index: int, call: str, results: list[Any]) -> None:
+    """The real `Incident.close` and ``conclude`` for a simulated rank that answered first or second."""
+    store = CountingStore(TCPStore("127.0.0.1", port, is_master=False, timeout=_TIMEOUT))
+    size = one.readers + 1
+    incident = Incident(store, one.prefix, one.ranks[index], range(size))
+    incident._order = one.orders[index]  # what its answer (pipelined) returned
+    verdict = incident.close(call, one.woken + bound_s(size))
+    closed = time.time()
+    if verdict is not None:
+        incident.conclude(verdict)
+    following = f"{incident_prefix(one.world, 1)}/call"  # the watcher's loop, as for every rank (`SCRIPT`)
+    store.check([following])
+    store.delete_key(wake_key(one.world, one.ranks[index]))
+    store.check([following])
+    store.ops += 1  # and its wait on the wake key (not sent: this connection closes)
+    results.append((time.time(), None if verdict is None else verdict.encode().encode(), store.ops, closed))
+
+
+def drive(port: int, world: int, ranks: range, connections: int, readers: int, call: str, queue: Any) -> None:
+    """One process: ``ranks`` over ``connections`` sockets, idle, then the incident; its figures to ``queue``."""
+    try:
+        per = -(-len(ranks) // connections)
+        starts = range(0, len(ranks), per)
+        links = wire.connect(port, len(starts))
+        sockets = [_Socket(link, world, ranks[at : at + per], readers) for link, at in zip(links, starts)]
+        for one in sockets:
+            one.go_idle()
+            one.sock.settimeout(600.0)
+        queue.put(("ready", len(sockets)))
+        selector = selectors.DefaultSelector()
+        closers: list[threading.Thread] = []
+        closed: list[Any] = []
+        for one in sockets:
+            flow = one.steps(len(call.encode()))
+            selector.register(one.sock, selectors.EVENT_READ, [one, flow, next(flow)[1], b""])
+        while selector.get_map():
+            for key, _ in selector.select():
+                state = key.data
+                one, flow = state[0], state[1]
+                state[3] += one.sock.recv(1 << 20)
+                while state[2] and len(state[3]) >= state[2]:
+                    chunk, state[3] = state[3][: state[2]], state[3][state[2] :]
+                    try:
+                        payload, state[2] = flow.send(chunk)
+                    except StopIteration:
+                        state[2] = 0
+                        selector.unregister(one.sock)
+                    else:
+                        one.sock.sendall(payload)
+                    while one.closing:
+                        thread = threading.Thread(target=_close, args=(port, one, one.closing.pop(), call, closed))
+                        thread.start()
+                        closers.append(thread)
+        for thread in closers:
+            thread.join()
+        orders = [order for one in sockets for order in one.orders]
+        queue.put(
+            (
+                "done",
+                {
+                    "heard": max([one.heard for one in sockets] + [c[0] for c in closed]),
+                    "woken": max(one.woken_at for one in sockets),
+                    "answered": max(one.answered for one in sockets),
+                    "closed": [c[3] for c in closed],
+                    "first_order": min(orders),
+                    "verdicts": sorted(
+                        {v.decode() for one in sockets for v in one.verdicts} | {c[1].decode() for c in closed if c[1]}
+                    ),
+                    "closer_ops": [c[2] for c in closed],
+                },
+            )
+        )
+        for one in sockets:
+            one.sock.close()
+    except BaseException as error:  # reported by the main process
+        queue.put(("error", repr(error)))
+
+
+def roll_call(server: Any, participants: int, processes: int, connections: int, world: int) -> dict[str, Any]:
+    """One roll call of ``participants`` live ranks (and one dead) on ``server``; its figures."""
+    size = participants + 1  # rank ``participants`` is dead
+    port = server.port
+
+    def connection() -> CountingStore:
+        return CountingStore(TCPStore("127.0.0.1", port, is_master=False, timeout=_TIMEOUT))
+
+    watchers = [Watcher(connection(), connection(), world, 0, size).start()]  # the reporter
+    simulated = range(1, participants)
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    workers = []
+    for index in range(processes):
+        mine = simulated[index * len(simulated) // processes : (index + 1) * len(simulated) // processes]
+        sockets = max(1, min(len(mine), connections // processes))
+        workers.append(
+            context.Process(target=drive, args=(port, world, mine, sockets, participants, f"{FAILURE} {TEXT}", queue))
+        )
+    for worker in workers:
+        worker.start()
+    messages = [queue.get(timeout=600) for _ in workers]
+    errors = [m[1] for m in messages if m[0] == "error"]
+    if errors:
+        raise RuntimeError(f"a simulating process failed: {errors[0]}")
+    sockets = sum(m[1] for m in messages)
+    time.sleep(0.2)  # the real watchers go idle too
+    before = [watcher.store.ops for watcher in watchers]
+    called = time.time()
+    verdict = watchers[0].report(FAILURE, TEXT)
+    reported = time.time()
+    results = [queue.get(timeout=600) for _ in workers]
+    for worker in workers:
+        worker.join(60)
+    errors = [m[1] for m in results if m[0] == "error"]
+    if errors:
+        raise RuntimeError(f"a simulating process failed: {errors[0]}")
+    figures = [m[1] for m in results]
+    time.sleep(0.2)  # the closers go idle again
+    ops = [watcher.store.ops - b for watcher, b in zip(watchers, before)] + [
+        o for f in figures for o in f["closer_ops"]
+    ]
+    for rank, watcher in enumerate(watchers):
+        watcher.stop()
+        watcher.side.set(wake_key(world, rank), "close")
+        watcher.join(10.0)
+    expected = Verdict(FAILURE, (participants,), TEXT).encode()
+    seen = {v for f in figures for v in f["verdicts"]} | {w.verdicts[0].encode() for w in watchers if 0 in w.verdicts}
+    named = {rank for text in seen for rank in Verdict.decode(text.encode()).dead}
+    live_named_dead = len(named - {participants})  # a false death: a live rank fenced (must be 0)
+    if verdict is None or verdict.dead != (participants,) or seen != {expected}:
+        raise RuntimeError(
+            f"the roll call of {participants} did not name rank {participants} dead everywhere "
+            f"({live_named_dead} live ranks named dead): {sorted(seen)[:3]}"
+        )
+    return {
+        "participants": participants,
+        "seconds": max([reported, *(f["heard"] for f in figures)]) - called,
+        "closer_seconds": reported - called,
+        "woken_seconds": max(f["woken"] for f in figures) - called,
+        "answered_seconds": max(f["answered"] for f in figures) - called,
+        "closed_seconds": [round(c - called, 3) for f in figures for c in f["closed"]],
+        "sockets": sockets + 1,
+        "processes": processes,
+        "store_ops_simulated_rank": len(SCRIPT),
+        "store_ops_closers": ops,
+        "live_named_dead": live_named_dead,
+        "first_simulated_order": min(f["first_order"] for f in figures),
+    }
+
+
+def run(sizes: list[int], processes: int, connections: int, repeats: int) -> list[dict[str, Any]]:
+    """Every size, ``repeats`` times, on one store server; a row per size with the median time."""
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=_TIMEOUT)
+    baseline = server.num_keys()
+    rows = []
+    world = 1000
+    for size in sizes:
+        samples = []
+        for repeat in range(repeats):
+            world += 1
+            sample = roll_call(server, size, processes, connections, world)
+            left = server.num_keys() - baseline
+            if left:
+                raise RuntimeError(f"the roll call of {size} left {left} keys in the store")
+            progress(f"# roll call {size:>7} participants, {repeat + 1}: {sample['seconds']:.3f} s")
+            samples.append(sample)
+        row = dict(samples[0])
+        row["seconds"] = median([sample["seconds"] for sample in samples])
+        row["closer_seconds"] = median([sample["closer_seconds"] for sample in samples])
+        row["repeats"] = repeats
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--participants", default="1024,16384,131072", help="comma-separated live ranks")
+    parser.add_argument("--processes", type=int, default=4, help="simulating processes (default 4)")
+    parser.add_argument("--connections", type=int, default=256, help="sockets in all (default 256)")
+    parser.add_argument("--repeats", type=int, default=3, help="roll calls per size (default 3)")
+    parser.add_argument("--json", type=pathlib.Path, help='write {"rows": [...]} here')
+    args = parser.parse_args(argv)
+    sizes = [int(size) for size in args.participants.split(",") if size]
+    rows = run(sizes, args.processes, args.connections, args.repeats)
+    print(f"{'participants':>12} {'sockets':>8} {'seconds':>8} {'closer s':>8} {'ops/rank':>8} {'ops, closers':>12}")
+    for row in rows:
+        print(
+            f"{row['participants']:>12} {row['sockets']:>8} {row['seconds']:>8.3f} {row['closer_seconds']:>8.3f} "
+            f"{row['store_ops_simulated_rank']:>8} {row['store_ops_closers']!s:>12}"
+        )
+    if args.json:
+        write_json(args.json, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

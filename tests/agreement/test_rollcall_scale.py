@@ -1,0 +1,111 @@
+"""The roll call at scale (`benchmarks.rollcall`), small: its simulated ranks send what a real watcher sends.
+
+The benchmark replays, for each simulated rank, `benchmarks.rollcall.SCRIPT`;
+these tests check that script against a real `Watcher`'s store operations for
+one incident it does not close, and run the simulation with 1,024 ranks
+(16,384 under ``-m stress``), one dead: every rank reads the same verdict, no
+live rank is named dead, the busiest rank's operations stay constant, and no
+key is left. Nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+import pytest
+from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+from benchmarks import rollcall
+from benchmarks.guard import CountingStore
+from hypergrid.agreement.liveness import FAILURE, wake_key
+from hypergrid.agreement.watcher import Watcher
+
+TIMEOUT = datetime.timedelta(seconds=60)
+
+
+class Recording(CountingStore):
+    """A counting store that also names each operation and its first key."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.names: list[tuple[str, str]] = []
+
+    def _count(self, name: str, *args: Any) -> Any:
+        key = args[0] if args and isinstance(args[0], str) else (args[0][0] if args and args[0] else "")
+        self.names.append((name, str(key)))
+        return super()._count(name, *args)
+
+
+def _kind(name: str, key: str) -> str:
+    """The `SCRIPT` entry of one recorded operation."""
+    if name == "compare_set":
+        return "read call" if key.endswith("/call") else "read verdict"
+    if name == "check":
+        if key.endswith("/verdict"):
+            return "check verdict"
+        return "check call" if key.endswith("/0/call") else "check next call"
+    if name == "wait":
+        return "wait wake" if "/wake/" in key else "wait verdict"
+    if name == "delete_key":
+        return "delete wake"
+    if name == "append":
+        return "append alive"
+    return "add count" if key.endswith("/count") else "add read"
+
+
+@pytest.mark.timeout(60)
+def test_the_simulated_script_is_what_a_real_watcher_sends() -> None:
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+
+    def connection() -> Any:
+        return TCPStore("127.0.0.1", server.port, is_master=False, timeout=TIMEOUT)
+
+    world, size = 9, 5  # rank 4 is dead (never started): nobody's answer completes the roll call
+    recorded = [Recording(connection()) for _ in range(4)]
+    watchers = [Watcher(recorded[rank], connection(), world, rank, size) for rank in range(4)]
+    for watcher in watchers:
+        watcher.start()
+    time.sleep(0.5)  # every watcher waits on its wake key
+    for store in recorded:
+        store.names.clear()
+    verdict = watchers[0].report(FAILURE, "test")
+    assert verdict is not None and verdict.dead == (4,)
+    time.sleep(0.5)  # rank 3 read the verdict and waits again
+    for rank, watcher in enumerate(watchers):
+        watcher.stop()
+        watcher.side.set(wake_key(world, rank), "close")
+        assert watcher.join(10.0)
+    incidents = [tuple(_kind(name, key) for name, key in store.names) for store in recorded]
+    # The two ranks that answered third and fourth close nothing (their verdict wait did not time out: one look,
+    # not two): their operations are the script's, once the last reader's clean-up is taken out.
+    others = [_without_cleanup(ops) for ops in incidents if ops[5:7] == ("check verdict", "read verdict")]
+    assert len(others) == 2, "; ".join(",".join(one) for one in incidents)
+    assert all(ops[: len(rollcall.SCRIPT)] == rollcall.SCRIPT for ops in others), "; ".join(map(",".join, others))
+
+
+def _without_cleanup(ops: tuple[str, ...]) -> tuple[str, ...]:
+    """``ops`` without the last reader's clean-up (`Incident.conclude`), if it is there.
+
+    It deletes the incident's 5 keys and the dead rank's wake key: 6 deletes.
+    """
+    done = rollcall.SCRIPT.index("add read") + 1
+    return ops[:done] + ops[done + 6 :] if ops[done : done + 6] == ("delete wake",) * 6 else ops
+
+
+@pytest.mark.timeout(240)
+def test_a_roll_call_of_1024_ranks_with_one_dead_in_constant_operations_per_rank() -> None:
+    rows = rollcall.run([1024], processes=2, connections=64, repeats=1)  # raises unless all read the same verdict
+    row = rows[0]
+    assert row["store_ops_simulated_rank"] == len(rollcall.SCRIPT) == 12
+    assert row["live_named_dead"] == 0
+    assert row["store_ops_closers"] and max(row["store_ops_closers"]) <= 20  # whatever the number of ranks
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(600)
+def test_a_roll_call_of_16384_ranks_names_only_the_dead_rank() -> None:
+    rows = rollcall.run([16384], processes=2, connections=256, repeats=1)  # raises unless all read the same verdict
+    assert rows[0]["live_named_dead"] == 0
+    assert max(rows[0]["store_ops_closers"]) <= 20
