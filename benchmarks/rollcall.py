@@ -35,9 +35,10 @@ sends its next request without waiting for the answer of the previous one
 (its answers are checked afterwards).
 
 Reported per size: seconds from the call until every live rank read the
-verdict (median of ``--repeats`` roll calls, each on fresh connections), the
-dead named, and the store operations per rank (simulated: `SCRIPT`; the
-closers' counted on their connections).
+verdict (median of ``--repeats`` roll calls, each on fresh connections), when
+the closers closed it, the live ranks named dead (any run that names one, or
+whose ranks read different verdicts, raises), and the store operations per
+rank (simulated: `SCRIPT`; the closers' counted on their connections).
 """
 
 from __future__ import annotations
@@ -329,6 +330,8 @@ def run(sizes: list[int], processes: int, connections: int, repeats: int) -> lis
         row = dict(samples[0])
         row["seconds"] = median([sample["seconds"] for sample in samples])
         row["closer_seconds"] = median([sample["closer_seconds"] for sample in samples])
+        row["closed_seconds"] = [c for sample in samples for c in sample["closed_seconds"]]
+        row["live_named_dead"] = max(sample["live_named_dead"] for sample in samples)
         row["repeats"] = repeats
         rows.append(row)
     return rows
@@ -344,11 +347,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes = [int(size) for size in args.participants.split(",") if size]
     rows = run(sizes, args.processes, args.connections, args.repeats)
-    print(f"{'participants':>12} {'sockets':>8} {'seconds':>8} {'closer s':>8} {'ops/rank':>8} {'ops, closers':>12}")
+    print(
+        f"{'participants':>12} {'sockets':>8} {'seconds':>8} {'closer s':>8} {'ops/rank':>8} {'ops, closers':>12}"
+        f" {'live named dead':>15}"
+    )
     for row in rows:
         print(
             f"{row['participants']:>12} {row['sockets']:>8} {row['seconds']:>8.3f} {row['closer_seconds']:>8.3f} "
-            f"{row['store_ops_simulated_rank']:>8} {row['store_ops_closers']!s:>12}"
+            f"{row['store_ops_simulated_rank']:>8} {row['store_ops_closers']!s:>12} {row['live_named_dead']:>15}"
         )
     if args.json:
         write_json(args.json, rows)

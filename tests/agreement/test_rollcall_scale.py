@@ -78,10 +78,11 @@ def test_the_simulated_script_is_what_a_real_watcher_sends() -> None:
         watcher.side.set(wake_key(world, rank), "close")
         assert watcher.join(10.0)
     incidents = [tuple(_kind(name, key) for name, key in store.names) for store in recorded]
-    # The two ranks that answered third and fourth close nothing (their verdict wait did not time out: one look,
-    # not two): their operations are the script's, once the last reader's clean-up is taken out.
+    # The ranks whose verdict wait the verdict ended (one look, not a timed-out wait's two): the two that answered
+    # third and fourth, and a closer that the other closer's verdict woke first. Their operations are the
+    # script's, once the last reader's clean-up is taken out.
     others = [_without_cleanup(ops) for ops in incidents if ops[5:7] == ("check verdict", "read verdict")]
-    assert len(others) == 2, "; ".join(",".join(one) for one in incidents)
+    assert len(others) >= 2, "; ".join(",".join(one) for one in incidents)
     assert all(ops[: len(rollcall.SCRIPT)] == rollcall.SCRIPT for ops in others), "; ".join(map(",".join, others))
 
 
