@@ -4,17 +4,19 @@
 (``hypergrid.grid.core.GridCore``: the registry, the pool, the views, the
 guard's ledger, every piece of a grid's state) and its capabilities —
 per-family getters, views, node awareness, DeviceMesh export, collectives,
-pipeline helpers — each in a module of its own as a ``GridFacet`` subclass
-that ``HyperCommGrid`` inherits. A facet holds no state; it uses its own
-members, the public ones and those declared here, and the core through
-``_core``, typed as `FacetCore`: what it declares is all a facet may use of
-the core (mypy and ``tests/layering.py`` check it; ``GridCore`` satisfies it).
+pipeline helpers — each in a module of its own: a facet object (a `Facet`,
+created by ``HyperCommGrid.__init__`` over the grid's core, the front
+delegating to it) or a ``GridFacet`` subclass that ``HyperCommGrid`` inherits.
+A facet holds no state; it uses its own members, the public ones and those
+declared here, and the core through ``_core``, typed as `FacetCore`: what it
+declares is all a facet may use of the core (mypy and ``tests/layering.py``
+check it; ``GridCore`` satisfies it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch.distributed as dist
 
@@ -24,7 +26,9 @@ if TYPE_CHECKING:
     from hypergrid.binding.registry import PgKey
     from hypergrid.layout import Dims, GridLayout
 
-__all__ = ["FacetCore", "FacetRegistry", "GridFacet"]
+__all__ = ["Facet", "FacetCore", "FacetRegistry", "GridFacet", "delegating", "require_initialized"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class FacetRegistry(Protocol):
@@ -41,6 +45,7 @@ class FacetRegistry(Protocol):
 class FacetCore(Protocol):
     """What a facet uses of the grid's core (``hypergrid.grid.core.GridCore``, which documents each member)."""
 
+    grid: Any  # the grid, a HyperCommGrid: its public members
     root: Any  # the root grid, a HyperCommGrid
     view_name: str
     ordinal: int
@@ -60,6 +65,32 @@ class FacetCore(Protocol):
     def family(self, dims: Dims, view: str | None) -> tuple[PgKey, GridLayout, Any]: ...
     def key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> PgKey: ...
     def node_size_of(self, key: PgKey | None, given: object, half: object) -> int | None: ...
+
+
+def require_initialized(what: str) -> None:
+    """Raise ``NotInitializedError`` naming ``what`` unless torch.distributed is initialized."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise NotInitializedError(
+            f"{what} needs torch.distributed to be initialized: call "
+            "torch.distributed.init_process_group first (get_rank_enum works offline)"
+        )
+
+
+def delegating(facet_method: Callable[..., Any]) -> Callable[[F], F]:
+    """Give the front's method that delegates to ``facet_method`` its docstring (``help``, the API page)."""
+
+    def documented(front: F) -> F:
+        front.__doc__ = facet_method.__doc__
+        return front
+
+    return documented
+
+
+class Facet:
+    """Base of the grid's facet objects: one holds the grid's core, ``HyperCommGrid`` delegates to it."""
+
+    def __init__(self, core: FacetCore) -> None:
+        self._core = core
 
 
 class GridFacet:
@@ -88,11 +119,7 @@ class GridFacet:
         def pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None: ...
 
     def _require_initialized(self, what: str) -> None:
-        if not (dist.is_available() and dist.is_initialized()):
-            raise NotInitializedError(
-                f"{what} needs torch.distributed to be initialized: call "
-                "torch.distributed.init_process_group first (get_rank_enum works offline)"
-            )
+        require_initialized(what)
 
     def _rank(self, rank: int | None) -> int:
         if rank is not None:
