@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from hypergrid.binding.registry import PgKey
     from hypergrid.layout import Dims, GridLayout
 
-__all__ = ["Facet", "FacetCore", "FacetRegistry", "GridFacet", "delegating", "require_initialized"]
+__all__ = ["Facet", "FacetCore", "FacetRegistry", "GridFacet", "delegating", "member_pg", "require_initialized"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -74,6 +74,23 @@ def require_initialized(what: str) -> None:
             f"{what} needs torch.distributed to be initialized: call "
             "torch.distributed.init_process_group first (get_rank_enum works offline)"
         )
+
+
+def member_pg(grid: Any, dims: Dims, what: str, **half: Any) -> dist.ProcessGroup:
+    """The caller's group of ``grid`` over ``dims`` (created on first use); ``RankError`` outside the grid.
+
+    Every rank calls ``pg`` first, members or not, so that a creation that
+    needs the whole world (strategy ``"enumerate"``) completes on the
+    members before a non-member raises.
+    """
+    group: dist.ProcessGroup | None = grid.pg(dims, **half)
+    if group is None:
+        raise RankError(
+            f"{what}: rank {dist.get_rank()} is outside the grid of shape {grid.shape} {grid.dim_names} "
+            f"(ranks {grid.rank_offset}..{grid.rank_offset + grid.size - 1}), so it has no group over "
+            f"dims {dims!r}; only the grid's ranks may call it"
+        )
+    return group
 
 
 def delegating(facet_method: Callable[..., Any]) -> Callable[[F], F]:
@@ -128,17 +145,4 @@ class GridFacet:
         return dist.get_rank()
 
     def _member_pg(self, dims: Dims, what: str, **half: Any) -> dist.ProcessGroup:
-        """The caller's group over ``dims`` (created on first use); ``RankError`` outside the grid.
-
-        Every rank calls ``pg`` first, members or not, so that a creation that
-        needs the whole world (strategy ``"enumerate"``) completes on the
-        members before a non-member raises.
-        """
-        group = self.pg(dims, **half)
-        if group is None:
-            raise RankError(
-                f"{what}: rank {dist.get_rank()} is outside the grid of shape {self.shape} {self.dim_names} "
-                f"(ranks {self.rank_offset}..{self.rank_offset + self.size - 1}), so it has no group over "
-                f"dims {dims!r}; only the grid's ranks may call it"
-            )
-        return group
+        return member_pg(self, dims, what, **half)

@@ -47,7 +47,6 @@ class HyperCommGrid(
     NodeAwareness,
     Views,
     Collectives,
-    Gradients,
     Pipeline,
     MegatronShims,
     Communicators,
@@ -146,7 +145,8 @@ class HyperCommGrid(
         self.spares = check_spares(spares, world, self.rank_offset + self.size)
         # All of the grid's state: its registry (shared with its views), views, pool and guard ledgers.
         self._core: GridCore = GridCore(self, self.layout)  # the facets see it as a FacetCore
-        self._mesh_export = MeshExport(self._core)  # the facet objects, over the core: the methods below delegate
+        # The facet objects, over the core: the methods at the end delegate to them.
+        self._mesh_export, self._gradients = MeshExport(self._core), Gradients(self._core)
 
     @property
     def _pgs(self) -> dict[PgKey, Any]:
@@ -388,3 +388,7 @@ class HyperCommGrid(
     @delegating(MeshExport.to_device_meshes)
     def to_device_meshes(self, dims_list: Sequence[MeshDims], device_type: str = "cpu") -> list[Any]:
         return self._mesh_export.to_device_meshes(dims_list, device_type)
+
+    @delegating(Gradients.average_gradients)
+    def average_gradients(self, module_or_params: object, dims: Dims = "dp", *, bucket_mb: float = 25) -> None:
+        self._gradients.average_gradients(module_or_params, dims, bucket_mb=bucket_mb)
