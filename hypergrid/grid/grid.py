@@ -49,7 +49,6 @@ class HyperCommGrid(
     Collectives,
     Pipeline,
     MegatronShims,
-    Communicators,
     Elastic,
 ):
     """An N-dimensional grid of ranks with named dims and lazily created process groups.
@@ -146,7 +145,8 @@ class HyperCommGrid(
         # All of the grid's state: its registry (shared with its views), views, pool and guard ledgers.
         self._core: GridCore = GridCore(self, self.layout)  # the facets see it as a FacetCore
         # The facet objects, over the core: the methods at the end delegate to them.
-        self._mesh_export, self._gradients = MeshExport(self._core), Gradients(self._core)
+        core = self._core
+        self._mesh_export, self._gradients, self._communicators = MeshExport(core), Gradients(core), Communicators(core)
 
     @property
     def _pgs(self) -> dict[PgKey, Any]:
@@ -392,3 +392,7 @@ class HyperCommGrid(
     @delegating(Gradients.average_gradients)
     def average_gradients(self, module_or_params: object, dims: Dims = "dp", *, bucket_mb: float = 25) -> None:
         self._gradients.average_gradients(module_or_params, dims, bucket_mb=bucket_mb)
+
+    @delegating(Communicators.communicators)
+    def communicators(self) -> list[dict[str, Any]]:
+        return self._communicators.communicators()
