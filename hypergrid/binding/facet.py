@@ -111,7 +111,7 @@ class Facet:
 
 
 class GridFacet:
-    """Base of the grid's facets: the grid's members they use (its core among them), and three small helpers."""
+    """Base of the grid's facet mixins: the grid's members they use (its core among them), and ``_rank``."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
         _core: FacetCore  # all of the grid's state: hypergrid.grid.core.GridCore
@@ -135,14 +135,8 @@ class GridFacet:
         def size(self) -> int: ...
         def pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None: ...
 
-    def _require_initialized(self, what: str) -> None:
-        require_initialized(what)
-
     def _rank(self, rank: int | None) -> int:
         if rank is not None:
             return rank
-        self._require_initialized("a getter without an explicit rank")
+        require_initialized("a getter without an explicit rank")
         return dist.get_rank()
-
-    def _member_pg(self, dims: Dims, what: str, **half: Any) -> dist.ProcessGroup:
-        return member_pg(self, dims, what, **half)
