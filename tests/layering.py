@@ -187,16 +187,17 @@ def adapter_private_uses() -> list[str]:
 
 # What a facet may use of the grid's core: the Protocol GridFacet._core has, which GridCore satisfies (mypy checks).
 CORE_MODULE, CORE_CLASSES = "binding.facet", ("FacetCore", "FacetRegistry")
-# What a facet may use of the grid beyond its own class: GridFacet's members (hypergrid/binding/facet.py).
-FACET_BASE, FACET_CLASSES = "binding.facet", ("GridFacet",)
+# What a facet may use of the grid beyond its own class: its base's members (hypergrid/binding/facet.py):
+# GridFacet (a base class of HyperCommGrid) or Facet (a facet object over the core, which the grid delegates to).
+FACET_BASE, FACET_CLASSES = "binding.facet", ("GridFacet", "Facet")
 
 
 def facet_modules() -> list[str]:
-    """The modules that define a ``GridFacet`` subclass (the capability modules of ``HyperCommGrid``)."""
+    """The modules that define a ``GridFacet`` or ``Facet`` subclass (the capability modules of ``HyperCommGrid``)."""
     found = []
     for name, path in modules().items():
         for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.ClassDef) and any(_base_name(base) == "GridFacet" for base in node.bases):
+            if isinstance(node, ast.ClassDef) and any(_base_name(base) in FACET_CLASSES for base in node.bases):
                 found.append(name)
                 break
     return found
@@ -250,7 +251,7 @@ def facet_coupling() -> list[str]:
         tree = ast.parse(modules()[name].read_text())
         own = declared(name)
         facet_classes = [
-            n for n in tree.body if isinstance(n, ast.ClassDef) and any(_base_name(b) == "GridFacet" for b in n.bases)
+            n for n in tree.body if isinstance(n, ast.ClassDef) and any(_base_name(b) in FACET_CLASSES for b in n.bases)
         ]
         stored = {
             id(n)

@@ -4,17 +4,19 @@
 (``hypergrid.grid.core.GridCore``: the registry, the pool, the views, the
 guard's ledger, every piece of a grid's state) and its capabilities —
 per-family getters, views, node awareness, DeviceMesh export, collectives,
-pipeline helpers — each in a module of its own as a ``GridFacet`` subclass
-that ``HyperCommGrid`` inherits. A facet holds no state; it uses its own
-members, the public ones and those declared here, and the core through
-``_core``, typed as `FacetCore`: what it declares is all a facet may use of
-the core (mypy and ``tests/layering.py`` check it; ``GridCore`` satisfies it).
+pipeline helpers — each in a module of its own: a facet object (a `Facet`,
+created by ``HyperCommGrid.__init__`` over the grid's core, the front
+delegating to it) or a ``GridFacet`` subclass that ``HyperCommGrid`` inherits.
+A facet holds no state; it uses its own members, the public ones and those
+declared here, and the core through ``_core``, typed as `FacetCore`: what it
+declares is all a facet may use of the core (mypy and ``tests/layering.py``
+check it; ``GridCore`` satisfies it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch.distributed as dist
 
@@ -24,7 +26,9 @@ if TYPE_CHECKING:
     from hypergrid.binding.registry import PgKey
     from hypergrid.layout import Dims, GridLayout
 
-__all__ = ["FacetCore", "FacetRegistry", "GridFacet"]
+__all__ = ["Facet", "FacetCore", "FacetRegistry", "GridFacet", "delegating", "member_pg", "require_initialized"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class FacetRegistry(Protocol):
@@ -41,6 +45,7 @@ class FacetRegistry(Protocol):
 class FacetCore(Protocol):
     """What a facet uses of the grid's core (``hypergrid.grid.core.GridCore``, which documents each member)."""
 
+    grid: Any  # the grid, a HyperCommGrid: its public members
     root: Any  # the root grid, a HyperCommGrid
     view_name: str
     ordinal: int
@@ -62,8 +67,51 @@ class FacetCore(Protocol):
     def node_size_of(self, key: PgKey | None, given: object, half: object) -> int | None: ...
 
 
+def require_initialized(what: str) -> None:
+    """Raise ``NotInitializedError`` naming ``what`` unless torch.distributed is initialized."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise NotInitializedError(
+            f"{what} needs torch.distributed to be initialized: call "
+            "torch.distributed.init_process_group first (get_rank_enum works offline)"
+        )
+
+
+def member_pg(grid: Any, dims: Dims, what: str, **half: Any) -> dist.ProcessGroup:
+    """The caller's group of ``grid`` over ``dims`` (created on first use); ``RankError`` outside the grid.
+
+    Every rank calls ``pg`` first, members or not, so that a creation that
+    needs the whole world (strategy ``"enumerate"``) completes on the
+    members before a non-member raises.
+    """
+    group: dist.ProcessGroup | None = grid.pg(dims, **half)
+    if group is None:
+        raise RankError(
+            f"{what}: rank {dist.get_rank()} is outside the grid of shape {grid.shape} {grid.dim_names} "
+            f"(ranks {grid.rank_offset}..{grid.rank_offset + grid.size - 1}), so it has no group over "
+            f"dims {dims!r}; only the grid's ranks may call it"
+        )
+    return group
+
+
+def delegating(facet_method: Callable[..., Any]) -> Callable[[F], F]:
+    """Give the front's method that delegates to ``facet_method`` its docstring (``help``, the API page)."""
+
+    def documented(front: F) -> F:
+        front.__doc__ = facet_method.__doc__
+        return front
+
+    return documented
+
+
+class Facet:
+    """Base of the grid's facet objects: one holds the grid's core, ``HyperCommGrid`` delegates to it."""
+
+    def __init__(self, core: FacetCore) -> None:
+        self._core = core
+
+
 class GridFacet:
-    """Base of the grid's facets: the grid's members they use (its core among them), and three small helpers."""
+    """Base of the grid's facet mixins: the grid's members they use (its core among them), and ``_rank``."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
         _core: FacetCore  # all of the grid's state: hypergrid.grid.core.GridCore
@@ -87,31 +135,8 @@ class GridFacet:
         def size(self) -> int: ...
         def pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None: ...
 
-    def _require_initialized(self, what: str) -> None:
-        if not (dist.is_available() and dist.is_initialized()):
-            raise NotInitializedError(
-                f"{what} needs torch.distributed to be initialized: call "
-                "torch.distributed.init_process_group first (get_rank_enum works offline)"
-            )
-
     def _rank(self, rank: int | None) -> int:
         if rank is not None:
             return rank
-        self._require_initialized("a getter without an explicit rank")
+        require_initialized("a getter without an explicit rank")
         return dist.get_rank()
-
-    def _member_pg(self, dims: Dims, what: str, **half: Any) -> dist.ProcessGroup:
-        """The caller's group over ``dims`` (created on first use); ``RankError`` outside the grid.
-
-        Every rank calls ``pg`` first, members or not, so that a creation that
-        needs the whole world (strategy ``"enumerate"``) completes on the
-        members before a non-member raises.
-        """
-        group = self.pg(dims, **half)
-        if group is None:
-            raise RankError(
-                f"{what}: rank {dist.get_rank()} is outside the grid of shape {self.shape} {self.dim_names} "
-                f"(ranks {self.rank_offset}..{self.rank_offset + self.size - 1}), so it has no group over "
-                f"dims {dims!r}; only the grid's ranks may call it"
-            )
-        return group

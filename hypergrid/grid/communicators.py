@@ -1,4 +1,4 @@
-"""Communicator economy, torch side: the sharing pool and ``communicators()``.
+"""Communicator economy, torch side: the sharing pool, and ``Communicators``: its sharing and ``communicators()``.
 
 A grid and its views keep one ``GroupPool``. Every family a grid creates is
 *held* under its registry key; the pool maps a sharing key — the family's
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.facet import Facet
 from hypergrid.binding.options import describe_options
 from hypergrid.binding.registry import PgKey, guard_key
 from hypergrid.binding.trivial import trivial_group, trivial_kind
@@ -185,13 +185,10 @@ def _without_communicator(sharing: Hashable, backend: str | None, tag: str | Non
     return _CREATE if kind is None else trivial_group(kind, signature, options.get("group_desc"))
 
 
-class Communicators(GridFacet):
-    """The report of the communicators a rank holds through a grid (a mixin of ``HyperCommGrid``)."""
+class Communicators(Facet):
+    """The pool's sharing (guarded creation uses it through the core) and its report (a facet object)."""
 
-    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
-        share_groups: bool
-
-    def _shared(
+    def shared(
         self,
         layout: GridLayout,
         dims: Sequence[str],
@@ -204,12 +201,12 @@ class Communicators(GridFacet):
 
         With sharing off, the pool key is the family's registry key: nothing shares.
         """
-        partition = partition_signature(layout, list(dims)) if self.share_groups else key
+        partition = partition_signature(layout, list(dims)) if self._core.grid.share_groups else key
         # group_desc only labels a group: it takes no part in sharing.
         sharing = share_key(partition, backend, describe_options(options, skip=("group_desc",)), tag)
         return sharing, self._core.registry.pool.find(sharing)
 
-    def _keep(
+    def keep(
         self,
         sharing: Hashable,
         shared: PoolEntry | None,

@@ -35,7 +35,7 @@ from hypergrid.errors import (
     UnexpectedArgumentError,
     ViewNotFoundError,
 )
-from hypergrid.grid.communicators import GroupPool
+from hypergrid.grid.communicators import Communicators, GroupPool
 from hypergrid.grid.settings import describe, init_kwargs
 from hypergrid.layout import KEY_SEPARATOR, Dims, GridLayout
 from hypergrid.layout.hierarchy import node_size, resolve_scope
@@ -91,8 +91,9 @@ class GridCore:
         self.guard_ledger, self.call_ledger = GuardLedger(), CallLedger()
         # What one facet does for another, bound: guarded creation (batch) and the pool's sharing (communicators).
         self.create_families: Callable[..., dict[PgKey, dist.ProcessGroup | None]] = grid._create_families
-        self.shared: Callable[..., tuple[Hashable, Any]] = grid._shared
-        self.keep: Callable[..., Any] = grid._keep
+        pool = Communicators(self)
+        self.shared: Callable[..., tuple[Hashable, Any]] = pool.shared
+        self.keep: Callable[..., Any] = pool.keep
 
     def bind(self, root: Any, view_name: str) -> None:
         """Make this the core of a grid bound to ``root``'s view ``view_name`` (``view()``): it shares its registry."""

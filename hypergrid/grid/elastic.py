@@ -20,7 +20,7 @@ from hypergrid.agreement.guard import grid_ordinal
 from hypergrid.agreement.membership import Proposal, call_key, release_key, wait_for_call
 from hypergrid.agreement.world import current_watcher, ensure_watching
 from hypergrid.binding import alarm
-from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.facet import GridFacet, require_initialized
 from hypergrid.binding.failures import abort_groups
 from hypergrid.binding.reform import current_epoch
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, untagged
@@ -115,7 +115,7 @@ class Elastic(GridFacet):
     # -- shrink ---------------------------------------------------------------
 
     def _check_shrink(self, dead: Iterable[int] | None, dim: object, policy: object) -> tuple[int, list[int]]:
-        self._require_initialized("shrink")
+        require_initialized("shrink")
         self.layout._one_dim(dim)
         check_policy(policy)
         world, rank = dist.get_world_size(), dist.get_rank()
@@ -333,7 +333,7 @@ class Elastic(GridFacet):
             RankError: the caller is not one of the grid's spares.
             NotInitializedError: torch.distributed is not initialized.
         """
-        self._require_initialized("standby")
+        require_initialized("standby")
         checked = None if timeout_s is None else check_timeout(timeout_s, "timeout_s")  # before any wait
         if snapshots is not None and not isinstance(snapshots, StepSnapshots):
             raise refuse("standby", "snapshots", snapshots, "a hypergrid.StepSnapshots or None", InvalidArgumentError)
@@ -376,6 +376,6 @@ class Elastic(GridFacet):
         self._core.registry.spares_released = True
         if not self.spares:
             return
-        self._require_initialized("release_spares")
+        require_initialized("release_spares")
         epoch = current_epoch()
         epoch.base_store.compare_set(call_key(epoch.number), "", "release")

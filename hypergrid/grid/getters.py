@@ -11,7 +11,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.facet import GridFacet, require_initialized
 from hypergrid.layout import Dims
 
 __all__ = ["CoordinateGetters"]
@@ -161,5 +161,5 @@ class CoordinateGetters(GridFacet):
         Raises:
             NotInitializedError: torch.distributed is not initialized.
         """
-        self._require_initialized("is_current_rank_in_grid")
+        require_initialized("is_current_rank_in_grid")
         return self.layout.contains(dist.get_rank())

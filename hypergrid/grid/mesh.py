@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.facet import Facet, require_initialized
 from hypergrid.errors import DimsError
 from hypergrid.layout.meshspec import MeshDims, MeshPlan
 from hypergrid.validation import check_str
@@ -20,17 +20,17 @@ if TYPE_CHECKING:
 __all__ = ["MeshExport"]
 
 
-class MeshExport(GridFacet):
-    """Export to ``torch.distributed.device_mesh.DeviceMesh`` (a mixin of ``HyperCommGrid``)."""
+class MeshExport(Facet):
+    """Export to ``torch.distributed.device_mesh.DeviceMesh`` (a facet object of ``HyperCommGrid``)."""
 
     def _mesh_sources(self) -> MeshSources:
         """The root grid's meshes (created on the first export; ``destroy`` forgets what it releases)."""
-        root = self._core.root
-        sources: MeshSources | None = root._core.registry.device_meshes
+        registry = self._core.registry  # the root's, shared with its views
+        sources: MeshSources | None = registry.device_meshes
         if sources is None:
             from hypergrid.grid.gridmesh import MeshSources  # torch's device_mesh module: imported on first use
 
-            sources = root._core.registry.device_meshes = MeshSources(root)
+            sources = registry.device_meshes = MeshSources(self._core.root)
         return sources
 
     def to_device_mesh(self, dims: MeshDims, device_type: str = "cpu") -> Any:
@@ -117,6 +117,6 @@ class MeshExport(GridFacet):
         check_str("to_device_mesh", "device_type", device_type, DEVICE_TYPE, "a device type like 'cpu' or 'cuda'")
         views = self._core.registry.views
         others = [(name, view.layout) for name, view in views.items() if name != self._core.view_name]
-        plans = [MeshPlan(self.layout, dims, others, space=self._core.view_name) for dims in dims_list]
-        self._require_initialized("to_device_mesh")
+        plans = [MeshPlan(self._core.grid.layout, dims, others, space=self._core.view_name) for dims in dims_list]
+        require_initialized("to_device_mesh")
         return self._mesh_sources().source(device_type).export(plans)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.facet import GridFacet, require_initialized
 from hypergrid.binding.failures import check_live, peer_failures
 from hypergrid.binding.registry import guard_key
 from hypergrid.cluster.placement import PlacementReport, build_report
@@ -148,7 +148,7 @@ class NodeAwareness(GridFacet):
             (True, ['tp'])
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        self._require_initialized("placement_report")
+        require_initialized("placement_report")
         if isinstance(topology, str):
             topology = Topology.preset(topology)
         elif topology is not None and not isinstance(topology, Topology):

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hypergrid.binding.facet import member_pg
 from hypergrid.binding.failures import communicate
 from hypergrid.binding.registry import guard_key
 from hypergrid.errors import CollectiveMismatchError, InvalidArgumentError
@@ -229,7 +230,7 @@ def compare_call(
 ) -> None:
     """With checked collectives on: create the family if needed and compare this call across the group."""
     if grid._core.root.check_collectives:
-        group = grid._member_pg(dims, call)
+        group = member_pg(grid, dims, call)
         family = guard_key(grid._core.key(dims, None, None, None, None))
         fields = signature(call, tensor, op, extra, aux)
         compare_calls(grid, family, [(group, family)], fields, tensor, call, dims, pairing)

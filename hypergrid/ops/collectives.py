@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.facet import GridFacet, member_pg
 from hypergrid.binding.failures import Watched, communicate
 from hypergrid.binding.registry import guard_key
 from hypergrid.errors import InvalidArgumentError
@@ -123,7 +123,7 @@ class Collectives(GridFacet):
         check_tensor(tensor, "all_reduce")
         check_reduce_op(op, "all_reduce")
         check_bool("all_reduce", "async_op", async_op)
-        group = self._member_pg(dims, "all_reduce")
+        group = member_pg(self, dims, "all_reduce")
         work: Watched | None = communicate(
             f"all_reduce over {shown(dims)}", dist.all_reduce, tensor, op=op, group=group, async_op=async_op
         )
@@ -153,7 +153,7 @@ class Collectives(GridFacet):
         """
         compare_call(self, "all_gather", dims, tensor, None, dim)
         index = tensor_dim(check_tensor(tensor, "all_gather", dense=True), dim, "all_gather")
-        group = self._member_pg(dims, "all_gather")
+        group = member_pg(self, dims, "all_gather")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((self.layout.group_size(dims) * moved.shape[0], *moved.shape[1:]))
         communicate(f"all_gather over {shown(dims)}", all_gather_single, out, moved, group=group)
@@ -184,7 +184,7 @@ class Collectives(GridFacet):
         compare_call(self, "reduce_scatter", dims, tensor, op, dim)
         check_reduce_op(op, "reduce_scatter")
         index, chunk = self._chunk_dim(check_tensor(tensor, "reduce_scatter", dense=True), dims, dim, "reduce_scatter")
-        group = self._member_pg(dims, "reduce_scatter")
+        group = member_pg(self, dims, "reduce_scatter")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((chunk, *moved.shape[1:]))
         communicate(f"reduce_scatter over {shown(dims)}", _reduce_scatter_single, out, moved, op=op, group=group)
@@ -227,7 +227,7 @@ class Collectives(GridFacet):
                 f"broadcast over dims {shown(dims)}: group_src={shown(group_src)} is not a rank of the group "
                 f"(expected an int in 0..{members - 1})"
             )
-        group = self._member_pg(dims, "broadcast")
+        group = member_pg(self, dims, "broadcast")
         src = self.layout.group_ranks(dims, dist.get_rank())[group_src]
         work: Watched | None = communicate(
             f"broadcast over {shown(dims)}", dist.broadcast, tensor, src=src, group=group, async_op=async_op
@@ -256,7 +256,7 @@ class Collectives(GridFacet):
         """
         check_bool("barrier", "async_op", async_op)
         compare_call(self, "barrier", dims, None)
-        group = self._member_pg(dims, "barrier")
+        group = member_pg(self, dims, "barrier")
         work: Watched | None = communicate(f"barrier over {shown(dims)}", dist.barrier, group=group, async_op=async_op)
         return work
 
@@ -316,8 +316,8 @@ class Collectives(GridFacet):
             check_tensor(tensor, what, dense=True, written=True)
             check_reduce_op(op, what)
         self.pg(dims, across="node", **per_node)  # every rank takes part in both creations before any raises
-        inner = self._member_pg(dims, what, within="node", **per_node)
-        outer = self._member_pg(dims, what, across="node", **per_node)
+        inner = member_pg(self, dims, what, within="node", **per_node)
+        outer = member_pg(self, dims, what, across="node", **per_node)
         cuts = {
             half: self._core.node_size_of(self._core.key(dims, None, None, *scope), None, "node")
             for half, scope in _HALVES

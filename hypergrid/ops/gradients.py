@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.facet import Facet, member_pg
 from hypergrid.binding.failures import communicate
 from hypergrid.errors import HyperGridError, InvalidArgumentError
 from hypergrid.layout import Dims
@@ -156,8 +156,8 @@ def _layout_of(buckets: list[list[torch.Tensor]]) -> tuple[int, int, int, int]:
     return len(grads), sum(grad.numel() for grad in grads), check_code(described), len(buckets)
 
 
-class Gradients(GridFacet):
-    """Gradient averaging over a family (a mixin of ``HyperCommGrid``)."""
+class Gradients(Facet):
+    """Gradient averaging over a family (a facet object of ``HyperCommGrid``)."""
 
     def average_gradients(self, module_or_params: object, dims: Dims = "dp", *, bucket_mb: float = 25) -> None:
         """Average the gradients of a module's parameters in place over the caller's group of ``dims``.
@@ -198,19 +198,19 @@ class Gradients(GridFacet):
             [[1.0, 1.0]]
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        rank = dist.get_rank()
-        members = self.layout.group_ranks(dims, rank) if self.layout.contains(rank) else None
+        grid, rank = self._core.grid, dist.get_rank()
+        members = grid.layout.group_ranks(dims, rank) if grid.layout.contains(rank) else None
         try:
             buckets = gradient_buckets(_parameters(module_or_params), bucket_mb, members)  # every check first
         except HyperGridError as error:
             if not self._core.root.check_collectives:
                 raise
             # Compared all the same, so that the other members raise too instead of waiting: then raised here.
-            compare_call(self, "average_gradients", dims, None, aux=(-2, check_code(first_line(error))))
+            compare_call(grid, "average_gradients", dims, None, aux=(-2, check_code(first_line(error))))
             raise
         if self._core.root.check_collectives:
-            compare_call(self, "average_gradients", dims, None, aux=_layout_of(buckets))
-        group = self._member_pg(dims, "average_gradients")
+            compare_call(grid, "average_gradients", dims, None, aux=_layout_of(buckets))
+        group = member_pg(grid, dims, "average_gradients")
         size = dist.get_world_size(group)
         op = dist.ReduceOp.AVG if dist.get_backend(group) in _BACKENDS_WITH_AVG else dist.ReduceOp.SUM
         what = f"average_gradients over {shown(dims)}"

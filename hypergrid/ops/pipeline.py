@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.facet import GridFacet, member_pg
 from hypergrid.binding.failures import check_live, peer_failures, wait_works
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout import GridLayout
@@ -158,7 +158,7 @@ class Pipeline(GridFacet):
         """
         tensors = _checked("p2p_ops", self.layout, dim, send_next, send_prev, recv_next, recv_prev)
         check_live(f"p2p_ops along {shown(dim)}")
-        group = self._member_pg(dim, "p2p_ops")
+        group = member_pg(self, dim, "p2p_ops")
         rank = dist.get_rank()
         given = [name for name, tensor in tensors.items() if tensor is not None]
         if given and self.layout.dim_size(dim) == 1:
@@ -227,7 +227,7 @@ class Pipeline(GridFacet):
         if not checking:
             _checked(*arguments)  # before any group is created
         self.layout._one_dim(dim)
-        self._member_pg(dim, "exchange")  # every stage takes part in the group's creation
+        member_pg(self, dim, "exchange")  # every stage takes part in the group's creation
         before, after = self.layout.shift(dim, dist.get_rank())
         present = {"prev": before is not None, "next": after is not None}
         given = {"send_next": send_next, "recv_prev": recv_prev, "send_prev": send_prev, "recv_next": recv_next}
