@@ -5,9 +5,9 @@ on a store connection of its own (a store client serves one call at a time,
 and the main thread's may be blocked); `Watcher.side` serves short calls from
 other threads (reports, probes, a barrier failed from outside: the
 `hypergrid.agreement.world.CallStore` of its world). When any rank calls the
-world's next incident, the caller writes every expected rank's wake key in one
-``multi_set``; every watcher wakes at once, answers the roll call, reads the
-verdict and acts on it:
+world's next incident, the caller writes every expected rank's wake key
+(one ``multi_set`` per `hypergrid.agreement.liveness.MULTI_SET_KEYS` keys); every
+watcher wakes at once, answers the roll call, reads the verdict and acts on it:
 
 - a failure (or a probe that found dead ranks): `hypergrid.binding.alarm.sound`
   ends every grid wait of its rank with ``RankFailure`` naming the dead, and

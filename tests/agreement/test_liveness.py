@@ -18,7 +18,16 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from benchmarks.guard import CountingStore
 from hypergrid.agreement.barrier import Barrier, BarrierFailed
-from hypergrid.agreement.liveness import FAILURE, PROBE, Incident, Verdict, end_text, incident_prefix, majority
+from hypergrid.agreement.liveness import (
+    FAILURE,
+    MULTI_SET_KEYS,
+    PROBE,
+    Incident,
+    Verdict,
+    end_text,
+    incident_prefix,
+    majority,
+)
 from hypergrid.agreement.watcher import Watcher
 
 TIMEOUT = datetime.timedelta(seconds=60)
@@ -217,3 +226,25 @@ def test_watchers_agree_on_the_dead_and_fence_the_late(server: Any) -> None:
         watchers[live].end_world([3, 5], size)
     for live in (0, 1, 2, 4, 5):
         assert watchers[live].join(5.0)
+
+
+class _MultiSets:
+    """A store that records each ``multi_set``'s key count (and answers ``compare_set`` as an empty store)."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        return desired.encode()
+
+    def multi_set(self, keys: list[str], values: list[str]) -> None:
+        self.sizes.append(len(keys))
+
+
+def test_a_call_wakes_many_ranks_in_bounded_multi_sets() -> None:
+    """torch's server parses one ``multi_set`` in time quadratic in its keys: a call wakes in chunks."""
+    store = _MultiSets()
+    ranks = range(2 * MULTI_SET_KEYS + 5)
+    Incident(store, incident_prefix(0, 0), 0, ranks).call(FAILURE, "x", ranks)
+    assert store.sizes == [MULTI_SET_KEYS, MULTI_SET_KEYS, 5]
+    assert MULTI_SET_KEYS <= 8192
