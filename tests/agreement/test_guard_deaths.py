@@ -21,7 +21,7 @@ from tests.workers import faults
 pytestmark = [pytest.mark.processes]
 
 T = 3.0
-SLACK = 3.0  # process scheduling on a loaded 2-core host
+SLACK = 5.0  # process scheduling on a loaded 2-core host (6.27 s seen for "before" at a load average over 10)
 BOUND = {"before": T + SLACK, "waiting": T + grace_s(T) + SLACK, "decider": T + grace_s(T) + SLACK}
 BOUND["creating"] = T + grace_s(T) + SLACK  # within the 2T + 5 s
 
