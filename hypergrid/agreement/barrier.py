@@ -73,7 +73,7 @@ class Barrier:
         linger: on success, leave the count and the verdict (``count_key``, ``verdict_key``) for the caller to
             delete once every member is known to have read it (one operation less per member).
         before_ok: run by the member whose arrival completes the barrier, before it writes ``ok``: while every
-            other member waits in the barrier (`completed` says whether this member ran it).
+            other member waits in the barrier.
     """
 
     def __init__(
@@ -103,7 +103,6 @@ class Barrier:
         self.linger = linger
         self.position = 0  # this member's arrival order (1 for the first), once `run` counted it
         self.before_ok = before_ok
-        self.completed = False  # this member's arrival completed the barrier (it ran ``before_ok``)
 
     def run(self) -> None:
         """Reach the barrier; return once every member did, else raise `BarrierFailed` (the same on every member).
@@ -117,7 +116,6 @@ class Barrier:
     def _run(self) -> None:
         arrived = self.position = self.store.add(self._count, 1)
         if arrived >= len(self.members):
-            self.completed = True
             if self.before_ok is not None:
                 self.before_ok()
             self._conclude(self._publish("ok"))
