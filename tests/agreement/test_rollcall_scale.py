@@ -89,10 +89,10 @@ def test_the_simulated_script_is_what_a_real_watcher_sends() -> None:
 def _without_cleanup(ops: tuple[str, ...]) -> tuple[str, ...]:
     """``ops`` without the last reader's clean-up (`Incident.conclude`), if it is there.
 
-    It deletes the incident's 5 keys and the dead rank's wake key: 6 deletes.
+    It deletes the incident's 6 keys and the dead rank's wake key: 7 deletes.
     """
     done = rollcall.SCRIPT.index("add read") + 1
-    return ops[:done] + ops[done + 6 :] if ops[done : done + 6] == ("delete wake",) * 6 else ops
+    return ops[:done] + ops[done + 7 :] if ops[done : done + 7] == ("delete wake",) * 7 else ops
 
 
 @pytest.mark.timeout(240)
