@@ -290,9 +290,15 @@ def roll_call(server: Any, participants: int, processes: int, connections: int, 
     named = {rank for text in seen for rank in Verdict.decode(text.encode()).dead}
     live_named_dead = len(named - {participants})  # a false death: a live rank fenced (must be 0)
     if verdict is None or verdict.dead != (participants,) or seen != {expected}:
+        timings = [
+            (round(f["woken"] - called, 3), round(f["answered"] - called, 3), [round(c - called, 3) for c in closed])
+            for f in figures
+            for closed in [f["closed"]]
+        ]
         raise RuntimeError(
             f"the roll call of {participants} did not name rank {participants} dead everywhere "
-            f"({live_named_dead} live ranks named dead): {sorted(seen)[:3]}"
+            f"({live_named_dead} live ranks named dead; per simulating process, seconds after the call: woken, "
+            f"answered, closed: {timings}): {[text[:300] for text in sorted(seen)[:3]]}"
         )
     return {
         "participants": participants,

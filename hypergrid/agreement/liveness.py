@@ -88,8 +88,9 @@ PER_RANK_S = 1e-4
 #: How much longer than the first two answers the others wait before they close a roll call themselves.
 BACKUP_S = 5.0
 #: Wake keys per ``multi_set``: torch 2.13's server parses one in time quadratic in its keys (8.6 s for 65,536,
-#: 61 s for 131,072; 4,096 at a time, 0.3 s and 0.7 s), and drops the connection beyond 131,072.
-MULTI_SET_KEYS = 4096
+#: 61 s for 131,072), and drops the connection beyond 131,072. 131,072 keys in chunks of 4,096: 1.13 s; of 1,024:
+#: 0.43 s; of 256: 0.31 s (the linear part). 1,024: 128 operations for the caller at 131,072.
+MULTI_SET_KEYS = 1024
 
 
 #: The keys of an incident, in the order its last reader deletes them (the call before ``woken``: see `Incident.call`).
@@ -304,11 +305,13 @@ class Incident:
         """The verdict: published here when this answer completed the roll call or at the deadline; None if gone.
 
         The deadline is ``liveness_s`` after the caller woke every rank
-        (``I/woken``, seen by the closers), and at the latest `bound_s` after
-        this rank saw the call at ``seen`` (``time.monotonic()``): the
-        fallback where the caller died before it woke them all. So every live
-        rank has ``liveness_s`` from its wake to answer, however many ranks the
-        wake took, and a roll call of 131,072 ranks no longer waits 13 s.
+        (``I/woken``, seen by the closers), plus as long again as the wake
+        took (the store's pace: a loaded store serves the answers as slowly
+        as it served the wake), and at the latest `bound_s` after this rank
+        saw the call at ``seen`` (``time.monotonic()``): the fallback where the
+        caller died before it woke them all. So every live rank has at least
+        ``liveness_s`` from its wake to answer, however long the wake took,
+        and a roll call of 131,072 ranks no longer waits 13 s.
 
         The first two ranks to answer close the roll call at the deadline; the
         others wait longer (`BACKUP_S` past the fallback) and close it only if both of those
@@ -325,7 +328,8 @@ class Incident:
             until = fallback + BACKUP_S
         elif diagnosis.wait_for(self.store, self.key("woken"), fallback):  # (or every rank answered: `_publish`)
             # Not ``diagnosis.read`` of the verdict here: torch's ``compare_set`` of an absent key wakes its waiters.
-            until = min(fallback, time.monotonic() + bound_s(0, liveness_s))
+            woken = time.monotonic()
+            until = min(fallback, woken + bound_s(0, liveness_s) + (woken - seen))
         else:
             until = fallback
         if diagnosis.wait_for(self.store, self.key("verdict"), until):
