@@ -245,7 +245,9 @@ def facet_coupling() -> list[str]:
     core = declared(CORE_MODULE, CORE_CLASSES)
     base = declared(FACET_BASE, FACET_CLASSES) | {"_core"}  # the core itself, declared (typed) on GridFacet
     facets = facet_modules()
-    grid_private = {name for module in [*facets, "grid.grid"] for name in declared(module) if name.startswith("_")}
+    grid_private = {
+        name for module in [*facets, "grid.grid", "grid.front"] for name in declared(module) if name.startswith("_")
+    }
     found = []
     for name in facets:
         tree = ast.parse(modules()[name].read_text())
@@ -301,8 +303,8 @@ MODULE_STATE: dict[str, str] = {
 }
 # Calls whose result is a constant at module level.
 _CONSTANT_CALLS = {
-    "float", "int", "str", "bool", "tuple", "frozenset", "compile", "getLogger", "TypeVar", "timedelta", "object",
-    "NewType", "namedtuple", "MappingProxyType",
+    "float", "int", "str", "bool", "tuple", "frozenset", "compile", "getLogger", "TypeVar", "ParamSpec", "timedelta",
+    "object", "NewType", "namedtuple", "MappingProxyType",
 }  # fmt: skip
 
 

@@ -5,8 +5,8 @@
 guard's ledger, every piece of a grid's state) and its capabilities —
 per-family getters, views, node awareness, DeviceMesh export, collectives,
 pipeline helpers — each in a module of its own: a facet object (a `Facet`,
-created by ``HyperCommGrid.__init__`` over the grid's core, the front
-delegating to it) or a ``GridFacet`` subclass that ``HyperCommGrid`` inherits.
+made over the grid's core by ``hypergrid.grid.front.FacetFront``, a base of the
+grid whose methods delegate to it) or a ``GridFacet`` subclass the grid inherits.
 A facet holds no state; it uses its own members, the public ones and those
 declared here, and the core through ``_core``, typed as `FacetCore`: what it
 declares is all a facet may use of the core (mypy and ``tests/layering.py``
@@ -16,7 +16,7 @@ check it; ``GridCore`` satisfies it).
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch.distributed as dist
 
@@ -26,9 +26,7 @@ if TYPE_CHECKING:
     from hypergrid.binding.registry import PgKey
     from hypergrid.layout import Dims, GridLayout
 
-__all__ = ["Facet", "FacetCore", "FacetRegistry", "GridFacet", "delegating", "member_pg", "require_initialized"]
-
-F = TypeVar("F", bound=Callable[..., Any])
+__all__ = ["Facet", "FacetCore", "FacetRegistry", "GridFacet", "caller_rank", "member_pg", "require_initialized"]
 
 
 class FacetRegistry(Protocol):
@@ -93,14 +91,12 @@ def member_pg(grid: Any, dims: Dims, what: str, **half: Any) -> dist.ProcessGrou
     return group
 
 
-def delegating(facet_method: Callable[..., Any]) -> Callable[[F], F]:
-    """Give the front's method that delegates to ``facet_method`` its docstring (``help``, the API page)."""
-
-    def documented(front: F) -> F:
-        front.__doc__ = facet_method.__doc__
-        return front
-
-    return documented
+def caller_rank(rank: int | None) -> int:
+    """``rank``, or without one the calling rank (``NotInitializedError`` when torch.distributed is not initialized)."""
+    if rank is not None:
+        return rank
+    require_initialized("a getter without an explicit rank")
+    return dist.get_rank()
 
 
 class Facet:
@@ -108,6 +104,12 @@ class Facet:
 
     def __init__(self, core: FacetCore) -> None:
         self._core = core
+
+    @property
+    def layout(self) -> GridLayout:
+        """The grid's layout (``_core.grid.layout``; a grid's returned by ``view()``: its view's)."""
+        layout: GridLayout = self._core.grid.layout
+        return layout
 
 
 class GridFacet:
@@ -134,9 +136,3 @@ class GridFacet:
         @property
         def size(self) -> int: ...
         def pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None: ...
-
-    def _rank(self, rank: int | None) -> int:
-        if rank is not None:
-            return rank
-        require_initialized("a getter without an explicit rank")
-        return dist.get_rank()

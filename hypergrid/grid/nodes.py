@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.binding.facet import GridFacet, require_initialized
+from hypergrid.binding.facet import GridFacet, caller_rank, require_initialized
 from hypergrid.binding.failures import check_live, peer_failures
 from hypergrid.binding.registry import guard_key
 from hypergrid.cluster.placement import PlacementReport, build_report
@@ -53,7 +53,7 @@ class NodeAwareness(GridFacet):
             [4, 5, 6, 7]
         """
         per_node = _ranks_per_node(ranks_per_node)
-        me = self._rank(None if rank is None else check_int("node_ranks", "rank", rank, 0, MAX_WORLD_SIZE - 1))
+        me = caller_rank(None if rank is None else check_int("node_ranks", "rank", rank, 0, MAX_WORLD_SIZE - 1))
         first = me // per_node * per_node
         # Ranks past the grid (and past this rank) are no one's here: a huge node costs nothing.
         return list(range(first, min(first + per_node, max(self.rank_offset + self.size, me + 1))))
@@ -66,7 +66,7 @@ class NodeAwareness(GridFacet):
                 the launcher placed ranks differently than the layout assumes.
         """
         per_node = _ranks_per_node(ranks_per_node)
-        rank = self._rank(None)
+        rank = caller_rank(None)
         local = os.environ.get("LOCAL_RANK")
         if local is None or local.strip() != str(rank % per_node):
             raise WorldSizeError(

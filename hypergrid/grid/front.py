@@ -1,0 +1,64 @@
+"""``FacetFront``, a base of ``HyperCommGrid``: the facet objects over its core and its methods delegating to them.
+
+Each such method is ``delegate(FacetClass.method)``: the facet's method (its
+signature and docstring: mypy and ``help`` see them) called on the grid's
+object of that class. Only this module touches ``_facets``.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from hypergrid.binding.facet import Facet, FacetCore
+from hypergrid.grid.communicators import Communicators
+from hypergrid.grid.mesh import MeshExport
+from hypergrid.ops.collectives import Collectives
+from hypergrid.ops.gradients import Gradients
+from hypergrid.ops.pipeline import Pipeline
+
+__all__ = ["FacetFront", "delegate"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def delegate(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]:
+    """The grid's method that calls ``method`` (``FacetClass.name``) on the grid's object of ``FacetClass``."""
+    owner = vars(sys.modules[method.__module__])[method.__qualname__.rpartition(".")[0]]  # FacetClass: top level
+
+    @functools.wraps(method)
+    def front(grid: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return method(grid._facets[owner], *args, **kwargs)
+
+    return front
+
+
+class FacetFront:
+    """The facet objects over a grid's core and the grid's methods that delegate to them (a base of the grid)."""
+
+    def __init__(self, core: FacetCore) -> None:
+        facets = (MeshExport, Collectives, Gradients, Pipeline, Communicators)
+        self._facets: dict[type[Facet], Facet] = {facet: facet(core) for facet in facets}
+
+    to_device_mesh = delegate(MeshExport.to_device_mesh)
+    to_device_meshes = delegate(MeshExport.to_device_meshes)
+
+    own_chunk = delegate(Collectives.own_chunk)
+    all_reduce = delegate(Collectives.all_reduce)
+    all_gather = delegate(Collectives.all_gather)
+    reduce_scatter = delegate(Collectives.reduce_scatter)
+    broadcast = delegate(Collectives.broadcast)
+    barrier = delegate(Collectives.barrier)
+    hierarchical_all_reduce = delegate(Collectives.hierarchical_all_reduce)
+
+    average_gradients = delegate(Gradients.average_gradients)
+
+    prev_rank = delegate(Pipeline.prev_rank)
+    next_rank = delegate(Pipeline.next_rank)
+    p2p_ops = delegate(Pipeline.p2p_ops)
+    exchange = delegate(Pipeline.exchange)
+
+    communicators = delegate(Communicators.communicators)
