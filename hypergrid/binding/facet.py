@@ -113,7 +113,7 @@ class Facet:
 
 
 class GridFacet:
-    """Base of the grid's facet mixins: the grid's members they use (its core among them), and ``_rank``."""
+    """Base of the grid's facet mixins: the grid's members they use, its core among them."""
 
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
         _core: FacetCore  # all of the grid's state: hypergrid.grid.core.GridCore
@@ -123,16 +123,8 @@ class GridFacet:
         guard: bool
         guard_timeout_s: float
         guard_progress_s: float
-        share_groups: bool
         group_options: dict[str, Any]
         spares: int
 
         @property
-        def shape(self) -> list[int]: ...
-        @property
-        def dim_names(self) -> list[str]: ...
-        @property
         def rank_offset(self) -> int: ...
-        @property
-        def size(self) -> int: ...
-        def pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None: ...

@@ -1,7 +1,7 @@
 """``GridCore``: the typed core of a grid, where all of its state lives.
 
-``HyperCommGrid`` is a front over its facets (``GridFacet`` subclasses), which
-hold no state: a grid keeps everything in its ``_core``, and a facet uses only
+``HyperCommGrid`` is a front over its facets (``Facet`` objects, ``GridFacet`` bases),
+which hold no state: a grid keeps everything in its ``_core``, and a facet uses only
 what ``hypergrid.binding.facet.FacetCore`` declares of it and of its `Registry`
 (shared by a root and its views): mypy and ``tests/layering.py`` check it. The adapters (``hypergrid.compat``)
 use ``grid_core(grid)``: ``root``, ``view_name``, ``rank_view``,

@@ -1,8 +1,11 @@
-"""``FacetFront``, a base of ``HyperCommGrid``: the facet objects over its core and its methods delegating to them.
+"""``FacetFront``: the grid's facet objects, and its methods that delegate to them, one line each.
 
-Each such method is ``delegate(FacetClass.method)``: the facet's method (its
-signature and docstring: mypy and ``help`` see them) called on the grid's
-object of that class. Only this module touches ``_facets``.
+``HyperCommGrid`` (``grid.py``) is built from it: ``HyperCommGrid.__init__``
+hands it the grid's core, over which it makes one object of each facet
+class (``hypergrid.binding.facet.Facet``). Each method of the grid below is
+``delegate(FacetClass.method)``: the facet's method, same name, signature and
+docstring (mypy sees them, ``help`` shows them), called on the grid's object
+of that class. Only this module touches ``_facets``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from hypergrid.binding.facet import Facet, FacetCore
 from hypergrid.grid.communicators import Communicators
+from hypergrid.grid.getters import CoordinateGetters
 from hypergrid.grid.mesh import MeshExport
+from hypergrid.grid.nodes import NodeAwareness
+from hypergrid.grid.views import Views
 from hypergrid.ops.collectives import Collectives
 from hypergrid.ops.gradients import Gradients
 from hypergrid.ops.pipeline import Pipeline
@@ -40,8 +46,30 @@ class FacetFront:
     """The facet objects over a grid's core and the grid's methods that delegate to them (a base of the grid)."""
 
     def __init__(self, core: FacetCore) -> None:
-        facets = (MeshExport, Collectives, Gradients, Pipeline, Communicators)
+        facets = (CoordinateGetters, NodeAwareness, Views, MeshExport, Collectives, Gradients, Pipeline, Communicators)
         self._facets: dict[type[Facet], Facet] = {facet: facet(core) for facet in facets}
+
+    coord_of = delegate(CoordinateGetters.coord_of)
+    rank_of = delegate(CoordinateGetters.rank_of)
+    my_coord = delegate(CoordinateGetters.my_coord)
+    group_ranks = delegate(CoordinateGetters.group_ranks)
+    group_rank = delegate(CoordinateGetters.group_rank)
+    group_size = delegate(CoordinateGetters.group_size)
+    src_rank = delegate(CoordinateGetters.src_rank)
+    shift = delegate(CoordinateGetters.shift)
+    is_first = delegate(CoordinateGetters.is_first)
+    is_last = delegate(CoordinateGetters.is_last)
+    rank_repr = delegate(CoordinateGetters.rank_repr)
+    is_current_rank_in_grid = delegate(CoordinateGetters.is_current_rank_in_grid)
+
+    node_report = delegate(NodeAwareness.node_report)
+    node_ranks = delegate(NodeAwareness.node_ranks)
+    check_local_rank = delegate(NodeAwareness.check_local_rank)
+    node_group = delegate(NodeAwareness.node_group)
+    placement_report = delegate(NodeAwareness.placement_report)
+
+    register_view = delegate(Views.register_view)
+    view = delegate(Views.view)
 
     to_device_mesh = delegate(MeshExport.to_device_mesh)
     to_device_meshes = delegate(MeshExport.to_device_meshes)

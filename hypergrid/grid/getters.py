@@ -11,34 +11,14 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.binding.facet import GridFacet, caller_rank, require_initialized
+from hypergrid.binding.facet import Facet, caller_rank, require_initialized
 from hypergrid.layout import Dims
 
 __all__ = ["CoordinateGetters"]
 
 
-class CoordinateGetters(GridFacet):
-    """Coordinates, neighbours and group membership of ranks (a mixin of ``HyperCommGrid``)."""
-
-    @property
-    def shape(self) -> list[int]:
-        """Size of each dim, innermost first."""
-        return list(self.layout.shape)
-
-    @property
-    def dim_names(self) -> list[str]:
-        """Name of each dim, innermost first."""
-        return list(self.layout.dim_names)
-
-    @property
-    def rank_offset(self) -> int:
-        """The grid's first rank."""
-        return self.layout.rank_offset
-
-    @property
-    def size(self) -> int:
-        """Number of ranks in the grid."""
-        return self.layout.size
+class CoordinateGetters(Facet):
+    """Coordinates, neighbours and group membership of ranks (a facet object of ``HyperCommGrid``)."""
 
     def coord_of(self, rank: int) -> Any:
         """Coordinates of ``rank`` as a named tuple (fields: the dim names).

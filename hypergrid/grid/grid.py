@@ -23,10 +23,7 @@ from hypergrid.grid.batch import GuardedCreation
 from hypergrid.grid.core import GridCore, RankView, check_fits
 from hypergrid.grid.elastic import Elastic, check_spares
 from hypergrid.grid.front import FacetFront
-from hypergrid.grid.getters import CoordinateGetters
-from hypergrid.grid.nodes import NodeAwareness
 from hypergrid.grid.shims import MegatronShims
-from hypergrid.grid.views import Views
 from hypergrid.layout import Dims, GridLayout, resolve_shape
 from hypergrid.ops.collectives import check_collectives_flag
 from hypergrid.validation import check_bool, check_timeout, public_methods
@@ -38,9 +35,6 @@ __all__ = ["HyperCommGrid", "world_size_hint"]
 @public_methods
 class HyperCommGrid(
     GuardedCreation,
-    CoordinateGetters,
-    NodeAwareness,
-    Views,
     MegatronShims,
     Elastic,
     FacetFront,
@@ -139,6 +133,31 @@ class HyperCommGrid(
         # All of the grid's state: its registry (shared with its views), views, pool and guard ledgers.
         self._core: GridCore = GridCore(self, self.layout)  # the facets see it as a FacetCore
         FacetFront.__init__(self, self._core)  # the facet objects over it, which FacetFront's methods delegate to
+
+    @property
+    def shape(self) -> list[int]:
+        """Size of each dim, innermost first."""
+        return list(self.layout.shape)
+
+    @property
+    def dim_names(self) -> list[str]:
+        """Name of each dim, innermost first."""
+        return list(self.layout.dim_names)
+
+    @property
+    def rank_offset(self) -> int:
+        """The grid's first rank."""
+        return self.layout.rank_offset
+
+    @property
+    def size(self) -> int:
+        """Number of ranks in the grid."""
+        return self.layout.size
+
+    @property
+    def shared_dims(self) -> tuple[str, ...]:
+        """The dims whose groups this grid takes from its root grid (empty for a root grid)."""
+        return tuple(self._core.registry.views[self._core.view_name].shared_dims)
 
     @property
     def _pgs(self) -> dict[PgKey, Any]:
