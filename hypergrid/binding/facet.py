@@ -125,6 +125,3 @@ class GridFacet:
         guard_progress_s: float
         group_options: dict[str, Any]
         spares: int
-
-        @property
-        def rank_offset(self) -> int: ...

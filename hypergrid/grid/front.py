@@ -20,6 +20,7 @@ from hypergrid.grid.communicators import Communicators
 from hypergrid.grid.getters import CoordinateGetters
 from hypergrid.grid.mesh import MeshExport
 from hypergrid.grid.nodes import NodeAwareness
+from hypergrid.grid.shims import MegatronShims
 from hypergrid.grid.views import Views
 from hypergrid.ops.collectives import Collectives
 from hypergrid.ops.gradients import Gradients
@@ -47,7 +48,7 @@ class FacetFront:
 
     def __init__(self, core: FacetCore) -> None:
         facets = (CoordinateGetters, NodeAwareness, Views, MeshExport, Collectives, Gradients, Pipeline, Communicators)
-        self._facets: dict[type[Facet], Facet] = {facet: facet(core) for facet in facets}
+        self._facets: dict[type[Facet], Facet] = {facet: facet(core) for facet in (*facets, MegatronShims)}
 
     coord_of = delegate(CoordinateGetters.coord_of)
     rank_of = delegate(CoordinateGetters.rank_of)
@@ -90,3 +91,9 @@ class FacetFront:
     exchange = delegate(Pipeline.exchange)
 
     communicators = delegate(Communicators.communicators)
+
+    # Megatron-Core's private helpers, under its names:
+    _gen_rank_enum = delegate(MegatronShims._gen_rank_enum)
+    _gen_rank_enum_for = delegate(MegatronShims._gen_rank_enum_for)
+    _order_dims = delegate(MegatronShims._order_dims)
+    _order_dims_for = delegate(MegatronShims._order_dims_for)

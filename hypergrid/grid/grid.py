@@ -23,7 +23,6 @@ from hypergrid.grid.batch import GuardedCreation
 from hypergrid.grid.core import GridCore, RankView, check_fits
 from hypergrid.grid.elastic import Elastic, check_spares
 from hypergrid.grid.front import FacetFront
-from hypergrid.grid.shims import MegatronShims
 from hypergrid.layout import Dims, GridLayout, resolve_shape
 from hypergrid.ops.collectives import check_collectives_flag
 from hypergrid.validation import check_bool, check_timeout, public_methods
@@ -33,12 +32,7 @@ __all__ = ["HyperCommGrid", "world_size_hint"]
 
 
 @public_methods
-class HyperCommGrid(
-    GuardedCreation,
-    MegatronShims,
-    Elastic,
-    FacetFront,
-):
+class HyperCommGrid(GuardedCreation, Elastic, FacetFront):
     """An N-dimensional grid of ranks with named dims and lazily created process groups.
 
     ``dim_names[0]`` is the innermost dim (consecutive ranks), as in
