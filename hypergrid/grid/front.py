@@ -1,11 +1,8 @@
-"""``FacetFront``: the grid's facet objects, and its methods that delegate to them, one line each.
+"""``FacetFront``, a base of ``HyperCommGrid``: the facet objects over its core and its methods delegating to them.
 
-``HyperCommGrid`` (``grid.py``) is built from it: ``HyperCommGrid.__init__``
-hands it the grid's core, over which it makes one object of each facet
-class (``hypergrid.binding.facet.Facet``). Each method of the grid below is
-``delegate(FacetClass.method)``: the facet's method, same name, signature and
-docstring (mypy sees them, ``help`` shows them), called on the grid's object
-of that class. Only this module touches ``_facets``.
+Each such method is ``delegate(FacetClass.method)``: the facet's method (its
+signature and docstring: mypy and ``help`` see them) called on the grid's
+object of that class. Only this module touches ``_facets``.
 """
 
 from __future__ import annotations
@@ -62,19 +59,15 @@ class FacetFront:
     is_last = delegate(CoordinateGetters.is_last)
     rank_repr = delegate(CoordinateGetters.rank_repr)
     is_current_rank_in_grid = delegate(CoordinateGetters.is_current_rank_in_grid)
-
     node_report = delegate(NodeAwareness.node_report)
     node_ranks = delegate(NodeAwareness.node_ranks)
     check_local_rank = delegate(NodeAwareness.check_local_rank)
     node_group = delegate(NodeAwareness.node_group)
     placement_report = delegate(NodeAwareness.placement_report)
-
     register_view = delegate(Views.register_view)
     view = delegate(Views.view)
-
     to_device_mesh = delegate(MeshExport.to_device_mesh)
     to_device_meshes = delegate(MeshExport.to_device_meshes)
-
     own_chunk = delegate(Collectives.own_chunk)
     all_reduce = delegate(Collectives.all_reduce)
     all_gather = delegate(Collectives.all_gather)
@@ -82,17 +75,13 @@ class FacetFront:
     broadcast = delegate(Collectives.broadcast)
     barrier = delegate(Collectives.barrier)
     hierarchical_all_reduce = delegate(Collectives.hierarchical_all_reduce)
-
     average_gradients = delegate(Gradients.average_gradients)
-
     prev_rank = delegate(Pipeline.prev_rank)
     next_rank = delegate(Pipeline.next_rank)
     p2p_ops = delegate(Pipeline.p2p_ops)
     exchange = delegate(Pipeline.exchange)
-
     communicators = delegate(Communicators.communicators)
-
-    # Megatron-Core's private helpers, under its names:
+    # Megatron-Core's private helpers, under its names
     _gen_rank_enum = delegate(MegatronShims._gen_rank_enum)
     _gen_rank_enum_for = delegate(MegatronShims._gen_rank_enum_for)
     _order_dims = delegate(MegatronShims._order_dims)
