@@ -118,10 +118,7 @@ class GridFacet:
     if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
         _core: FacetCore  # all of the grid's state: hypergrid.grid.core.GridCore
         layout: GridLayout
-        backend: str | None
         strategy: str
         guard: bool
         guard_timeout_s: float
-        guard_progress_s: float
-        group_options: dict[str, Any]
         spares: int

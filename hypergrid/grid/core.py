@@ -75,6 +75,8 @@ class Registry:
 class GridCore:
     """The state of one grid and the registry's operations on it (see the module docstring)."""
 
+    create_families: Callable[..., dict[PgKey, dist.ProcessGroup | None]]  # its grid's GuardedCreation's
+
     def __init__(self, grid: Any, layout: GridLayout) -> None:
         self.grid = grid
         self.root = grid
@@ -89,8 +91,8 @@ class GridCore:
         # The guard rounds whose keys may still be in the store (destroy() deletes them), and the checked
         # collectives' call counts in this epoch (hypergrid.ops.checks; the root's is used).
         self.guard_ledger, self.call_ledger = GuardLedger(), CallLedger()
-        # What one facet does for another, bound: guarded creation (batch) and the pool's sharing (communicators).
-        self.create_families: Callable[..., dict[PgKey, dist.ProcessGroup | None]] = grid._create_families
+        # What one facet does for another, bound: the pool's sharing (communicators) here, guarded creation
+        # (batch: create_families) by the grid's FacetFront.
         pool = Communicators(self)
         self.shared: Callable[..., tuple[Hashable, Any]] = pool.shared
         self.keep: Callable[..., Any] = pool.keep

@@ -283,7 +283,7 @@ class Elastic(GridFacet):
         return shape
 
     def _family_list(self) -> list[Recreation]:
-        """Every family the grid created, in order, with what ``_create_families`` needs to create it again."""
+        """Every family the grid created, in order, with what ``create_families`` needs to create it again."""
         root = self._core.root
         backend_of = {key: entry.backend for entry in root._core.registry.pool.entries() for key in entry.holders}
         families = []

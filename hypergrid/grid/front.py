@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from hypergrid.binding.facet import Facet, FacetCore
+from hypergrid.grid.batch import GuardedCreation
 from hypergrid.grid.communicators import Communicators
 from hypergrid.grid.getters import CoordinateGetters
 from hypergrid.grid.mesh import MeshExport
@@ -45,8 +46,12 @@ class FacetFront:
 
     def __init__(self, core: FacetCore) -> None:
         facets = (CoordinateGetters, NodeAwareness, Views, MeshExport, Collectives, Gradients, Pipeline, Communicators)
+        creation = GuardedCreation(core)  # create_pg, create_pgs and shrink create through the core:
+        core.create_families = creation.create_families
         self._facets: dict[type[Facet], Facet] = {facet: facet(core) for facet in (*facets, MegatronShims)}
+        self._facets[GuardedCreation] = creation
 
+    create_pgs = delegate(GuardedCreation.create_pgs)
     coord_of = delegate(CoordinateGetters.coord_of)
     rank_of = delegate(CoordinateGetters.rank_of)
     my_coord = delegate(CoordinateGetters.my_coord)

@@ -19,7 +19,6 @@ from hypergrid.binding.options import check_group_options, normalize_backend, re
 from hypergrid.binding.registry import PgKey, for_view, member_or_none
 from hypergrid.binding.worldstate import world_size_hint
 from hypergrid.errors import GroupNotFoundError
-from hypergrid.grid.batch import GuardedCreation
 from hypergrid.grid.core import GridCore, RankView, check_fits
 from hypergrid.grid.elastic import Elastic, check_spares
 from hypergrid.grid.front import FacetFront
@@ -32,7 +31,7 @@ __all__ = ["HyperCommGrid", "world_size_hint"]
 
 
 @public_methods
-class HyperCommGrid(GuardedCreation, Elastic, FacetFront):
+class HyperCommGrid(Elastic, FacetFront):
     """An N-dimensional grid of ranks with named dims and lazily created process groups.
 
     ``dim_names[0]`` is the innermost dim (consecutive ranks), as in

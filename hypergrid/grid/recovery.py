@@ -80,7 +80,7 @@ from hypergrid.values import format_ranks
 
 __all__ = ["Recovery", "families_digest"]
 
-#: A recreation (one family to re-create): its key, and what ``_create_families`` needs (dims, view, tag, kwargs).
+#: A recreation (one family to re-create): its key, and what ``create_families`` needs (dims, view, tag, kwargs).
 Recreation = tuple[PgKey, dict[str, Any]]
 
 #: The step agreement's "no value" (the neutral element of its MIN), above every step.
