@@ -1,14 +1,14 @@
-"""``GridFacet``: what the grid's capability modules may use of the grid.
+"""``Facet``: the base of the grid's facet objects, and what they may use of the grid's core.
 
 ``HyperCommGrid`` (``hypergrid.grid``) is a front over a typed core
 (``hypergrid.grid.core.GridCore``: the registry, the pool, the views, the
 guard's ledger, every piece of a grid's state) and its capabilities —
 per-family getters, views, node awareness, DeviceMesh export, collectives,
-pipeline helpers — each in a module of its own: a facet object (a `Facet`,
-made over the grid's core by ``hypergrid.grid.front.FacetFront``, a base of the
-grid whose methods delegate to it) or a ``GridFacet`` subclass the grid inherits.
-A facet holds no state; it uses its own members, the public ones and those
-declared here, and the core through ``_core``, typed as `FacetCore`: what it
+pipeline helpers, guarded creation, shrink — each in a module of its own: a
+facet object (a `Facet`, made over the grid's core by
+``hypergrid.grid.front.FacetFront``, the grid's base whose methods delegate to
+it). A facet holds no state; it uses its own members, the grid's public ones,
+``Facet``'s and the functions here, and the core through ``_core``, typed as `FacetCore`: what it
 declares is all a facet may use of the core (mypy and ``tests/layering.py``
 check it; ``GridCore`` satisfies it).
 """
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from hypergrid.binding.registry import PgKey
     from hypergrid.layout import Dims, GridLayout
 
-__all__ = ["Facet", "FacetCore", "FacetRegistry", "GridFacet", "caller_rank", "member_pg", "require_initialized"]
+__all__ = ["Facet", "FacetCore", "FacetRegistry", "caller_rank", "member_pg", "require_initialized"]
 
 
 class FacetRegistry(Protocol):
@@ -110,15 +110,3 @@ class Facet:
         """The grid's layout (``_core.grid.layout``; a grid's returned by ``view()``: its view's)."""
         layout: GridLayout = self._core.grid.layout
         return layout
-
-
-class GridFacet:
-    """Base of the grid's facet mixins: the grid's members they use, its core among them."""
-
-    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
-        _core: FacetCore  # all of the grid's state: hypergrid.grid.core.GridCore
-        layout: GridLayout
-        strategy: str
-        guard: bool
-        guard_timeout_s: float
-        spares: int

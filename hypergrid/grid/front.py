@@ -12,9 +12,11 @@ import sys
 from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from hypergrid.binding.facet import Facet, FacetCore
+from hypergrid.binding.facet import Facet
 from hypergrid.grid.batch import GuardedCreation
 from hypergrid.grid.communicators import Communicators
+from hypergrid.grid.core import GridCore
+from hypergrid.grid.elastic import Elastic
 from hypergrid.grid.getters import CoordinateGetters
 from hypergrid.grid.mesh import MeshExport
 from hypergrid.grid.nodes import NodeAwareness
@@ -44,12 +46,13 @@ def delegate(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[A
 class FacetFront:
     """The facet objects over a grid's core and the grid's methods that delegate to them (a base of the grid)."""
 
-    def __init__(self, core: FacetCore) -> None:
+    def __init__(self, core: GridCore) -> None:
         facets = (CoordinateGetters, NodeAwareness, Views, MeshExport, Collectives, Gradients, Pipeline, Communicators)
-        creation = GuardedCreation(core)  # create_pg, create_pgs and shrink create through the core:
+        creation, elastic = GuardedCreation(core), Elastic(core)  # what creation and shrink use through the core
         core.create_families = creation.create_families
+        core.successor, core.recreate = elastic.successor, elastic.recreate
         self._facets: dict[type[Facet], Facet] = {facet: facet(core) for facet in (*facets, MegatronShims)}
-        self._facets[GuardedCreation] = creation
+        self._facets.update({GuardedCreation: creation, Elastic: elastic})
 
     create_pgs = delegate(GuardedCreation.create_pgs)
     coord_of = delegate(CoordinateGetters.coord_of)
@@ -86,6 +89,10 @@ class FacetFront:
     p2p_ops = delegate(Pipeline.p2p_ops)
     exchange = delegate(Pipeline.exchange)
     communicators = delegate(Communicators.communicators)
+    abort = delegate(Elastic.abort)
+    shrink = delegate(Elastic.shrink)
+    standby = delegate(Elastic.standby)
+    release_spares = delegate(Elastic.release_spares)
     # Megatron-Core's private helpers, under its names
     _gen_rank_enum = delegate(MegatronShims._gen_rank_enum)
     _gen_rank_enum_for = delegate(MegatronShims._gen_rank_enum_for)

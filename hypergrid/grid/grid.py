@@ -20,7 +20,7 @@ from hypergrid.binding.registry import PgKey, for_view, member_or_none
 from hypergrid.binding.worldstate import world_size_hint
 from hypergrid.errors import GroupNotFoundError
 from hypergrid.grid.core import GridCore, RankView, check_fits
-from hypergrid.grid.elastic import Elastic, check_spares
+from hypergrid.grid.elastic import check_spares
 from hypergrid.grid.front import FacetFront
 from hypergrid.layout import Dims, GridLayout, resolve_shape
 from hypergrid.ops.collectives import check_collectives_flag
@@ -31,7 +31,7 @@ __all__ = ["HyperCommGrid", "world_size_hint"]
 
 
 @public_methods
-class HyperCommGrid(Elastic, FacetFront):
+class HyperCommGrid(FacetFront):
     """An N-dimensional grid of ranks with named dims and lazily created process groups.
 
     ``dim_names[0]`` is the innermost dim (consecutive ranks), as in
