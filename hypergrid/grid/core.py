@@ -75,9 +75,8 @@ class Registry:
 class GridCore:
     """The state of one grid and the registry's operations on it (see the module docstring)."""
 
-    # Bound by its grid's FacetFront: GuardedCreation's, and Elastic's (a shrink's successor grid, its families).
-    create_families: Callable[..., dict[PgKey, dist.ProcessGroup | None]]
-    successor: Callable[[Any], Any]
+    create_families: Callable[..., dict[PgKey, dist.ProcessGroup | None]]  # these three: bound by its FacetFront
+    successor: Callable[[Any], Any]  # to its grid's Elastic's: a shrink's successor grid, and its families again
     recreate: Callable[[Sequence[Any], float], None]
 
     def __init__(self, grid: Any, layout: GridLayout) -> None:

@@ -1,9 +1,4 @@
-"""``FacetFront``, a base of ``HyperCommGrid``: the facet objects over its core and its methods delegating to them.
-
-Each such method is ``delegate(FacetClass.method)``: the facet's method (its
-signature and docstring: mypy and ``help`` see them) called on the grid's
-object of that class. Only this module touches ``_facets``.
-"""
+"""``FacetFront``, ``HyperCommGrid``'s base: its facet objects, and one line per method delegating to them."""
 
 from __future__ import annotations
 
@@ -33,7 +28,10 @@ R = TypeVar("R")
 
 
 def delegate(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]:
-    """The grid's method that calls ``method`` (``FacetClass.name``) on the grid's object of ``FacetClass``."""
+    """The grid's method that calls ``method`` (``FacetClass.name``) on the grid's object of ``FacetClass``.
+
+    It has the facet method's signature (mypy sees it) and docstring (``help``). Only this module touches ``_facets``.
+    """
     owner = vars(sys.modules[method.__module__])[method.__qualname__.rpartition(".")[0]]  # FacetClass: top level
 
     @functools.wraps(method)
