@@ -25,6 +25,7 @@ from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.world import current_world
 from hypergrid.binding.reform import current_epoch
 from hypergrid.errors import HyperGridError, RankFailure
+from hypergrid.grid.elastic import Elastic
 
 #: Production-like: a collective waits this long before torch gives up on its own.
 GROUP_TIMEOUT = datetime.timedelta(seconds=600)
@@ -217,7 +218,7 @@ def _arm(point: str) -> None:
     elif point == "reform":
         recovery.reform_world = die  # type: ignore[attr-defined]
     elif point == "recreate":
-        HyperCommGrid._recreate = die  # type: ignore[method-assign]
+        Elastic.recreate = die  # type: ignore[method-assign]
     elif point == "commit":
         import hypergrid.agreement.barrier as barrier
 
