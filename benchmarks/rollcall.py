@@ -5,8 +5,8 @@
 
 A world of N + 1 ranks whose last rank is dead; rank 0's main thread reports
 a failure (`hypergrid.agreement.watcher.Watcher.report`), so the roll call
-closes at its bound (`hypergrid.agreement.liveness.bound_s` after its closers saw
-the call: `hypergrid.agreement.liveness.Incident.close`).
+closes at its bound (the liveness bound after the caller's wake ended, as its
+closers see ``I/woken``: `hypergrid.agreement.liveness.Incident.close`).
 
 What runs for real: the ``TCPStore`` server (one event loop, as rank 0 hosts
 it in a job); the caller (rank 0's report: the call and one ``multi_set`` of
@@ -64,7 +64,7 @@ from benchmarks import store_wire as wire
 from benchmarks.common import median, progress, write_json
 from benchmarks.guard import CountingStore
 from hypergrid.agreement.diagnosis import ABSENT
-from hypergrid.agreement.liveness import FAILURE, Incident, Verdict, bound_s, incident_prefix, wake_key
+from hypergrid.agreement.liveness import FAILURE, INCIDENT_KEYS, Incident, Verdict, incident_prefix, wake_key
 from hypergrid.agreement.watcher import Watcher
 
 #: A watcher's store operations for one incident that it does not close, from the wake to waiting again.
@@ -157,8 +157,7 @@ class _Socket:
             self.verdicts.add(data[at + at_verdict : at + at_verdict + size])
             self.last_reader |= struct.unpack_from("<q", data, at + at_verdict + size)[0] >= self.readers
         if self.last_reader:  # Incident.conclude's clean-up
-            names = ("call", "alive", "count", "verdict", "read")
-            keys = [f"{self.prefix}/{name}" for name in names] + [wake_key(self.world, self.readers)]
+            keys = [f"{self.prefix}/{name}" for name in INCIDENT_KEYS] + [wake_key(self.world, self.readers)]
             yield b"".join(wire.delete_key(key) for key in keys), len(keys) * wire.INT
 
 
@@ -168,7 +167,7 @@ def _close(port: int, one: _Socket, index: int, call: str, results: list[Any]) -
     size = one.readers + 1
     incident = Incident(store, one.prefix, one.ranks[index], range(size))
     incident._order = one.orders[index]  # what its answer (pipelined) returned
-    verdict = incident.close(call, one.woken + bound_s(size))
+    verdict = incident.close(call, one.woken)
     closed = time.time()
     if verdict is not None:
         incident.conclude(verdict)
@@ -291,9 +290,15 @@ def roll_call(server: Any, participants: int, processes: int, connections: int, 
     named = {rank for text in seen for rank in Verdict.decode(text.encode()).dead}
     live_named_dead = len(named - {participants})  # a false death: a live rank fenced (must be 0)
     if verdict is None or verdict.dead != (participants,) or seen != {expected}:
+        timings = [
+            (round(f["woken"] - called, 3), round(f["answered"] - called, 3), [round(c - called, 3) for c in closed])
+            for f in figures
+            for closed in [f["closed"]]
+        ]
         raise RuntimeError(
             f"the roll call of {participants} did not name rank {participants} dead everywhere "
-            f"({live_named_dead} live ranks named dead): {sorted(seen)[:3]}"
+            f"({live_named_dead} live ranks named dead; per simulating process, seconds after the call: woken, "
+            f"answered, closed: {timings}): {[text[:300] for text in sorted(seen)[:3]]}"
         )
     return {
         "participants": participants,
@@ -301,6 +306,7 @@ def roll_call(server: Any, participants: int, processes: int, connections: int, 
         "closer_seconds": reported - called,
         "woken_seconds": max(f["woken"] for f in figures) - called,
         "answered_seconds": max(f["answered"] for f in figures) - called,
+        "simulated_read_seconds": max(f["heard"] for f in figures) - called,
         "closed_seconds": [round(c - called, 3) for f in figures for c in f["closed"]],
         "sockets": sockets + 1,
         "processes": processes,

@@ -1,7 +1,9 @@
-"""A griffe extension for the API reference: a method ``@delegating(Facet.method)`` shows that method's docstring.
+"""A griffe extension for the API reference: a grid method ``name = delegate(Facet.name)`` shows as that method.
 
-``hypergrid.binding.facet.delegating`` copies the docstring at run time (``help``);
-mkdocstrings reads the source, so this copies it there too (mkdocs.yml names it).
+``hypergrid.grid.front.delegate`` makes a function with the facet method's
+signature and docstring at run time (``help``); mkdocstrings reads the source,
+where it is an attribute, so this puts a copy of the facet's method (its
+``self`` dropped, as for a bound method) in its place (mkdocs.yml names it).
 """
 
 from __future__ import annotations
@@ -12,28 +14,38 @@ from typing import Any
 import griffe
 
 
-def _functions(obj: Any) -> Iterator[Any]:
+def _classes(obj: Any) -> Iterator[Any]:
     for member in obj.members.values():
         if member.is_alias:
             continue
-        if member.is_function:
+        if member.is_class:
             yield member
-        elif member.is_class or member.is_module:
-            yield from _functions(member)
+        if member.is_class or member.is_module:
+            yield from _classes(member)
 
 
 class DelegatingDocstrings(griffe.Extension):
-    """After the package is loaded, give each ``@delegating(X.y)`` method without a docstring ``X.y``'s."""
+    """After the package is loaded, replace each ``delegate(X.y)`` attribute of a class by a copy of ``X.y``."""
 
     def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
-        for function in _functions(pkg):
-            for decorator in function.decorators:
-                call = decorator.value
-                if function.docstring is None and str(call).startswith("delegating("):
-                    docstring = pkg.modules_collection[call.arguments[0].canonical_path].docstring
+        for cls in list(_classes(pkg)):
+            for name, member in list(cls.members.items()):
+                call = getattr(member, "value", None) if member.is_attribute else None
+                if not str(call).startswith("delegate("):
+                    continue
+                target = pkg.modules_collection[call.arguments[0].canonical_path]
+                function = griffe.Function(
+                    name,
+                    lineno=member.lineno,
+                    endlineno=member.endlineno,
+                    parameters=griffe.Parameters(*list(target.parameters)[1:]),
+                    returns=target.returns,
+                )
+                cls.set_member(name, function)
+                if target.docstring is not None:
                     function.docstring = griffe.Docstring(
-                        docstring.value,
+                        target.docstring.value,
                         parent=function,
-                        parser=docstring.parser,
-                        parser_options=docstring.parser_options,
+                        parser=target.docstring.parser,
+                        parser_options=target.docstring.parser_options,
                     )

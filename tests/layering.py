@@ -43,7 +43,7 @@ LAYERS: tuple[Layer, ...] = (
         False,
         "local processes (spawn), joining a launched job (init_from_env), the hypergrid.run agent",
     ),
-    Layer("binding", ("binding",), False, "torch plumbing: world state, creation strategies, options, keys, GridFacet"),
+    Layer("binding", ("binding",), False, "torch plumbing: world state, creation strategies, options, keys, Facet"),
     Layer("agreement", ("agreement",), False, "the store protocol: requests, the O(1) round, the guard"),
     Layer("ops", ("ops",), False, "what runs on created groups: collectives, pipeline helpers, autograd mappings"),
     Layer("grid", ("grid",), False, "HyperCommGrid: the front, its typed core (GridCore) and the facets"),
@@ -185,15 +185,15 @@ def adapter_private_uses() -> list[str]:
     return found
 
 
-# What a facet may use of the grid's core: the Protocol GridFacet._core has, which GridCore satisfies (mypy checks).
+# What a facet may use of the grid's core: the Protocol Facet._core has, which GridCore satisfies (mypy checks).
 CORE_MODULE, CORE_CLASSES = "binding.facet", ("FacetCore", "FacetRegistry")
 # What a facet may use of the grid beyond its own class: its base's members (hypergrid/binding/facet.py):
-# GridFacet (a base class of HyperCommGrid) or Facet (a facet object over the core, which the grid delegates to).
-FACET_BASE, FACET_CLASSES = "binding.facet", ("GridFacet", "Facet")
+# Facet (a facet object over the core, which the grid delegates to).
+FACET_BASE, FACET_CLASSES = "binding.facet", ("Facet",)
 
 
 def facet_modules() -> list[str]:
-    """The modules that define a ``GridFacet`` or ``Facet`` subclass (the capability modules of ``HyperCommGrid``)."""
+    """The modules that define a ``Facet`` subclass (the capability modules of ``HyperCommGrid``)."""
     found = []
     for name, path in modules().items():
         for node in ast.parse(path.read_text()).body:
@@ -237,15 +237,17 @@ def _members(node: ast.AST) -> set[str]:
 def facet_coupling() -> list[str]:
     """Where a facet reaches past the core's declared interface: ``module:line what``.
 
-    A facet may use its own members, ``GridFacet``'s, and through ``._core``
+    A facet may use its own members, ``Facet``'s, and through ``._core``
     only what ``FacetCore`` and ``FacetRegistry`` declare; it never uses another
     facet's (or the front's) private member, and stores no private attribute of
     its own (a facet holds no state).
     """
     core = declared(CORE_MODULE, CORE_CLASSES)
-    base = declared(FACET_BASE, FACET_CLASSES) | {"_core"}  # the core itself, declared (typed) on GridFacet
+    base = declared(FACET_BASE, FACET_CLASSES) | {"_core"}  # the core itself, declared (typed) on Facet
     facets = facet_modules()
-    grid_private = {name for module in [*facets, "grid.grid"] for name in declared(module) if name.startswith("_")}
+    grid_private = {
+        name for module in [*facets, "grid.grid", "grid.front"] for name in declared(module) if name.startswith("_")
+    }
     found = []
     for name in facets:
         tree = ast.parse(modules()[name].read_text())
@@ -301,8 +303,8 @@ MODULE_STATE: dict[str, str] = {
 }
 # Calls whose result is a constant at module level.
 _CONSTANT_CALLS = {
-    "float", "int", "str", "bool", "tuple", "frozenset", "compile", "getLogger", "TypeVar", "timedelta", "object",
-    "NewType", "namedtuple", "MappingProxyType",
+    "float", "int", "str", "bool", "tuple", "frozenset", "compile", "getLogger", "TypeVar", "ParamSpec", "timedelta",
+    "object", "NewType", "namedtuple", "MappingProxyType",
 }  # fmt: skip
 
 

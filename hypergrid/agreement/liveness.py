@@ -14,14 +14,16 @@ Keys of incident ``k`` of world ``w`` (``I = hypergrid/live/<w>/<k>``):
 
 - ``I/call``: ``failure <text>`` or ``probe <text>`` (the first caller wins);
 - ``I/alive``: one line per answer (read only when someone did not answer);
+- ``I/woken``: written by the caller once every rank's wake key is (the closers' bound runs from here);
 - ``I/count``: the answers so far;
 - ``I/verdict``: JSON ``{"kind", "dead", "text"}``, or ``{"kind": "minority", "alive"}``;
 - ``I/read``: how many live ranks read the verdict; the last deletes every key.
 
 An incident closes as soon as every expected rank answered (no one is dead:
 a *failure* still ends the world's collectives, a *probe* changes nothing),
-or at the first watcher's deadline (when it saw the call, plus `bound_s`),
-which reads the roster: expected ranks missing from it are dead.
+or at the first closer's deadline (the liveness bound after the caller woke
+every rank, and at the latest `bound_s` after the closer saw the call), which
+reads the roster: expected ranks missing from it are dead.
 
 **Majority.** A verdict declares the missing ranks dead only when the ranks
 that answered are more than half of the expected ones, or exactly half and
@@ -47,9 +49,9 @@ Per rank and incident, from its wake to its next wait (`Watcher`'s loop
 included): look for the call, read it, append, count, wait, look for the
 verdict, read it, count the read, look for the next call, delete the wake
 key, look again, wait: 12 store operations, whatever the number of ranks (a
-closer adds the left list's and the roster's reads and the verdict; the last
-reader 5 deletes). The caller writes every wake key in one ``multi_set`` per
-`MULTI_SET_KEYS` ranks. The closer finds the dead in one pass over the
+closer adds its wait for ``I/woken``, the left list's and the roster's reads
+and the verdict; the last reader 6 deletes). The caller writes every wake key
+in one ``multi_set`` per `MULTI_SET_KEYS` ranks, then ``I/woken``. The closer finds the dead in one pass over the
 roster (a set), linear in the number of ranks.
 """
 
@@ -57,6 +59,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,9 +88,13 @@ PER_RANK_S = 1e-4
 #: How much longer than the first two answers the others wait before they close a roll call themselves.
 BACKUP_S = 5.0
 #: Wake keys per ``multi_set``: torch 2.13's server parses one in time quadratic in its keys (8.6 s for 65,536,
-#: 61 s for 131,072; 4,096 at a time, 0.3 s and 0.7 s), and drops the connection beyond 131,072.
-MULTI_SET_KEYS = 4096
+#: 61 s for 131,072), and drops the connection beyond 131,072. 131,072 keys in chunks of 4,096: 1.13 s; of 1,024:
+#: 0.43 s; of 256: 0.31 s (the linear part). 1,024: 128 operations for the caller at 131,072.
+MULTI_SET_KEYS = 1024
 
+
+#: The keys of an incident, in the order its last reader deletes them (the call before ``woken``: see `Incident.call`).
+INCIDENT_KEYS = ("call", "woken", "alive", "count", "verdict", "read")
 
 #: The call that ends a world (its ranks moved to the next one): ``end [dead, readers]``.
 END = "end "
@@ -255,12 +262,20 @@ class Incident:
 
         The rank whose call opened the incident writes the wake keys
         (`wake_key`) of ``wake`` (`wake`): one store operation per
-        `MULTI_SET_KEYS` ranks.
+        `MULTI_SET_KEYS` ranks; then, for a roll call, ``I/woken``: every rank
+        is woken, so the closers' bound runs from here (`close`). Written
+        after the incident ended (every rank answered and read the verdict
+        first), it is deleted again: the last reader deletes the call before
+        ``woken``, so one of the two deletions finds it.
         """
         mine = f"{kind} {text}"
         current: bytes = self.store.compare_set(self.key("call"), "", mine)
         if wake and current == mine.encode():
             self.wake(wake)
+            if not mine.startswith(END):  # an end is read, not closed: nothing waits for its wake
+                self.store.set(self.key("woken"), "")
+                if not self.store.check([self.key("call")]):
+                    self.store.delete_key(self.key("woken"))
         return current.decode()
 
     def wake(self, ranks: Sequence[int]) -> None:
@@ -286,20 +301,37 @@ class Incident:
         self._complete = self._order >= len(self.expected)
         return data.decode()
 
-    def close(self, call: str, deadline: float) -> Verdict | None:
-        """The verdict: published here when this answer completed the roll call or at ``deadline``; None if gone.
+    def close(self, call: str, seen: float, liveness_s: float | None = None) -> Verdict | None:
+        """The verdict: published here when this answer completed the roll call or at the deadline; None if gone.
 
-        The first two ranks to answer close the roll call at ``deadline``; the
-        others wait longer (`BACKUP_S` more) and close it only if both of those
+        The deadline is ``liveness_s`` after the caller woke every rank
+        (``I/woken``, seen by the closers), plus as long again as the wake
+        took (the store's pace: a loaded store serves the answers as slowly
+        as it served the wake), and at the latest `bound_s` after this rank
+        saw the call at ``seen`` (``time.monotonic()``): the fallback where the
+        caller died before it woke them all. So every live rank has at least
+        ``liveness_s`` from its wake to answer, however long the wake took,
+        and a roll call of 131,072 ranks no longer waits 13 s.
+
+        The first two ranks to answer close the roll call at the deadline; the
+        others wait longer (`BACKUP_S` past the fallback) and close it only if both of those
         died meanwhile, so a roll call with a dead rank ends one timed-out store
         wait on two ranks, not on all of them (torch logs each one). Nothing
-        closes it earlier than ``deadline`` unless every expected rank
-        answered: a rank that answers before ``deadline`` is never named dead.
+        closes it earlier than the deadline unless every expected rank
+        answered: a rank that answers before it is never named dead.
         """
         kind, _, text = call.partition(" ")
         if self._complete:
             return self._publish(Verdict(kind, (), text))
-        until = deadline if self._order <= 2 else deadline + BACKUP_S
+        fallback = seen + bound_s(len(self.expected), liveness_s)
+        if self._order > 2:
+            until = fallback + BACKUP_S
+        elif diagnosis.wait_for(self.store, self.key("woken"), fallback):  # (or every rank answered: `_publish`)
+            # Not ``diagnosis.read`` of the verdict here: torch's ``compare_set`` of an absent key wakes its waiters.
+            woken = time.monotonic()
+            until = min(fallback, woken + bound_s(0, liveness_s) + (woken - seen))
+        else:
+            until = fallback
         if diagnosis.wait_for(self.store, self.key("verdict"), until):
             data = diagnosis.read(self.store, self.key("verdict"))
             return None if data is None else Verdict.decode(data)
@@ -337,7 +369,7 @@ class Incident:
             return  # a rank declared dead takes no part in the clean-up (the others may be done already)
         readers = len(verdict.alive) if verdict.kind == "minority" else len(self.expected) - len(verdict.dead)
         if self.store.add(self.key("read"), 1) >= readers:
-            for name in ("call", "alive", "count", "verdict", "read"):
+            for name in INCIDENT_KEYS:
                 self.store.delete_key(self.key(name))
             for rank in verdict.dead:  # the dead never delete the wake key the call wrote for them
                 self.store.delete_key(wake_key(self.world, rank))
@@ -345,7 +377,10 @@ class Incident:
     def _publish(self, verdict: Verdict) -> Verdict:
         text = verdict.encode()
         current: bytes = self.store.compare_set(self.key("verdict"), "", text)
-        return verdict if current == text.encode() else Verdict.decode(current)
+        if current != text.encode():
+            return Verdict.decode(current)
+        self.store.set(self.key("woken"), "")  # a closer still waiting for the wake (`close`) hears the verdict
+        return verdict
 
 
 def _ranks(data: bytes | None) -> list[int]:

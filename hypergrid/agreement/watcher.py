@@ -310,7 +310,7 @@ class Watcher:
             else:
                 self.stop()
             return False
-        verdict = None if call is None else incident.close(call, seen + bound_s(len(self.expected), self.liveness_s))
+        verdict = None if call is None else incident.close(call, seen, self.liveness_s)
         if verdict is None:
             self._fence(
                 f"world {self.world} went on without this rank (incident {self.number} ended without its answer)"

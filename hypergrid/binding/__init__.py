@@ -2,6 +2,6 @@
 
 The registry of worlds (``worldstate``: ``WORLDS``, each world's state), the creation
 strategies that call torch (``creation``), per-family options and tags
-(``options``), registry keys and entries (``registry``), and ``GridFacet``,
-the base every facet of ``HyperCommGrid`` builds on (``facet``).
+(``options``), registry keys and entries (``registry``), and ``Facet``,
+the base every facet object of ``HyperCommGrid`` builds on (``facet``).
 """

@@ -1,14 +1,14 @@
-"""``GridFacet``: what the grid's capability modules may use of the grid.
+"""``Facet``: the base of the grid's facet objects, and what they may use of the grid's core.
 
 ``HyperCommGrid`` (``hypergrid.grid``) is a front over a typed core
 (``hypergrid.grid.core.GridCore``: the registry, the pool, the views, the
 guard's ledger, every piece of a grid's state) and its capabilities —
 per-family getters, views, node awareness, DeviceMesh export, collectives,
-pipeline helpers — each in a module of its own: a facet object (a `Facet`,
-created by ``HyperCommGrid.__init__`` over the grid's core, the front
-delegating to it) or a ``GridFacet`` subclass that ``HyperCommGrid`` inherits.
-A facet holds no state; it uses its own members, the public ones and those
-declared here, and the core through ``_core``, typed as `FacetCore`: what it
+pipeline helpers, guarded creation, shrink — each in a module of its own: a
+facet object (a `Facet`, made over the grid's core by
+``hypergrid.grid.front.FacetFront``, the grid's base whose methods delegate to
+it). A facet holds no state; it uses its own members, the grid's public ones,
+``Facet``'s and the functions here, and the core through ``_core``, typed as `FacetCore`: what it
 declares is all a facet may use of the core (mypy and ``tests/layering.py``
 check it; ``GridCore`` satisfies it).
 """
@@ -16,7 +16,7 @@ check it; ``GridCore`` satisfies it).
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch.distributed as dist
 
@@ -26,9 +26,7 @@ if TYPE_CHECKING:
     from hypergrid.binding.registry import PgKey
     from hypergrid.layout import Dims, GridLayout
 
-__all__ = ["Facet", "FacetCore", "FacetRegistry", "GridFacet", "delegating", "member_pg", "require_initialized"]
-
-F = TypeVar("F", bound=Callable[..., Any])
+__all__ = ["Facet", "FacetCore", "FacetRegistry", "caller_rank", "member_pg", "require_initialized"]
 
 
 class FacetRegistry(Protocol):
@@ -93,14 +91,12 @@ def member_pg(grid: Any, dims: Dims, what: str, **half: Any) -> dist.ProcessGrou
     return group
 
 
-def delegating(facet_method: Callable[..., Any]) -> Callable[[F], F]:
-    """Give the front's method that delegates to ``facet_method`` its docstring (``help``, the API page)."""
-
-    def documented(front: F) -> F:
-        front.__doc__ = facet_method.__doc__
-        return front
-
-    return documented
+def caller_rank(rank: int | None) -> int:
+    """``rank``, or without one the calling rank (``NotInitializedError`` when torch.distributed is not initialized)."""
+    if rank is not None:
+        return rank
+    require_initialized("a getter without an explicit rank")
+    return dist.get_rank()
 
 
 class Facet:
@@ -109,34 +105,8 @@ class Facet:
     def __init__(self, core: FacetCore) -> None:
         self._core = core
 
-
-class GridFacet:
-    """Base of the grid's facet mixins: the grid's members they use (its core among them), and ``_rank``."""
-
-    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid)
-        _core: FacetCore  # all of the grid's state: hypergrid.grid.core.GridCore
-        layout: GridLayout
-        backend: str | None
-        strategy: str
-        guard: bool
-        guard_timeout_s: float
-        guard_progress_s: float
-        share_groups: bool
-        group_options: dict[str, Any]
-        spares: int
-
-        @property
-        def shape(self) -> list[int]: ...
-        @property
-        def dim_names(self) -> list[str]: ...
-        @property
-        def rank_offset(self) -> int: ...
-        @property
-        def size(self) -> int: ...
-        def pg(self, dims: Dims, **kwargs: Any) -> dist.ProcessGroup | None: ...
-
-    def _rank(self, rank: int | None) -> int:
-        if rank is not None:
-            return rank
-        require_initialized("a getter without an explicit rank")
-        return dist.get_rank()
+    @property
+    def layout(self) -> GridLayout:
+        """The grid's layout (``_core.grid.layout``; a grid's returned by ``view()``: its view's)."""
+        layout: GridLayout = self._core.grid.layout
+        return layout

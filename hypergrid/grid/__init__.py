@@ -2,7 +2,7 @@
 
 ``grid`` is the registry (construct, key, create, get, destroy); ``batch``
 orders guarded creation; the facets add getters, views, node awareness,
-DeviceMesh export, shims and shared communicators.
+DeviceMesh export, shims and shared communicators (``front``: the grid's delegations to them).
 """
 
 from hypergrid.grid.bridge import Bridge

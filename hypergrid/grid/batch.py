@@ -1,6 +1,6 @@
 """Guarded creation: the one guard round behind each ``create_pg`` or ``create_pgs`` call.
 
-``HyperCommGrid`` (the registry) decides what to create; this mixin orders a
+``HyperCommGrid`` (the registry) decides what to create; this facet orders a
 batch of families canonically and runs the consistency guard
 (``hypergrid.agreement.guard``) once for the whole batch, with every family's key and
 options in one request.
@@ -23,7 +23,7 @@ from hypergrid.agreement.guard import (
 )
 from hypergrid.agreement.world import ensure_watching
 from hypergrid.binding.creation import check_can_split, check_creatable, check_strategy, create_family
-from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.facet import Facet
 from hypergrid.binding.failures import abort_groups, check_live
 from hypergrid.binding.options import check_tag, describe_options, family_options
 from hypergrid.binding.registry import PgKey, create_uninitialized, for_view, guard_key, member_or_none, scoped, tagged
@@ -48,8 +48,8 @@ __all__ = ["GuardedCreation"]
 Plan = tuple[PgKey, GridLayout, tuple[str, ...]]
 
 
-class GuardedCreation(GridFacet):
-    """Batch creation and the guard round of a creation (a mixin of ``HyperCommGrid``)."""
+class GuardedCreation(Facet):
+    """Batch creation and the guard round of a creation (a facet object; the core's ``create_families`` is its)."""
 
     def _batch(self, dims_list: object, view: str | None) -> list[Dims]:
         """The families of ``dims_list`` in canonical order (fewest dims first); refuses empty lists and repeats."""
@@ -74,10 +74,6 @@ class GuardedCreation(GridFacet):
             order[key] = (bin(mask).count("1"), mask)
         return [seen[key] for key in sorted(seen, key=lambda key: order[key])]
 
-    def _settings(self) -> tuple[tuple[str, str], ...]:
-        """Every constructor setting of the grid, as (name, text): derived from the signature, so none is forgotten."""
-        return settings(self._core.root)
-
     def _guard_round(
         self,
         plans: Sequence[Plan],
@@ -98,7 +94,8 @@ class GuardedCreation(GridFacet):
         """
         sequence = self._core.creations
         self._core.creations += 1
-        if not self.guard:
+        grid = self._core.grid
+        if not grid.guard:
             return []
         rounds: list[tuple[Sequence[int], Any, Sequence[Plan]]] = []
         describe = self._core.describe()
@@ -127,13 +124,13 @@ class GuardedCreation(GridFacet):
                 options=options,
                 grid_ordinal=self._core.ordinal,
                 epoch=self._core.epoch,
-                settings=self._settings(),
+                settings=settings(self._core.root),  # every constructor setting, from the signature
                 views=views,
                 reuses=reuses,
             )
             try:
                 ran = agree(
-                    request, participants, scope, self.guard_timeout_s, self.guard_progress_s, self._core.guard_ledger
+                    request, participants, scope, grid.guard_timeout_s, grid.guard_progress_s, self._core.guard_ledger
                 )
             except (DesyncError, GuardTimeoutError) as error:
                 self._core.resync = max(self._core.resync, error.epoch)  # destroy() starts an epoch past every rank's
@@ -143,6 +140,7 @@ class GuardedCreation(GridFacet):
 
     def create_pgs(
         self,
+        /,
         dims_list: Sequence[Dims],
         *,
         view: str | None = None,
@@ -190,12 +188,12 @@ class GuardedCreation(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         ordered = self._batch(dims_list, view)
-        groups = self._create_families(ordered, view, strategy, tag, kwargs, "create_pgs").values()
+        groups = self.create_families(ordered, view, strategy, tag, kwargs, "create_pgs").values()
         layout = self._core.family(ordered[0], view)[2].layout
         scope = resolve_scope(kwargs.get("within"), kwargs.get("across"))
         return {tagged(scoped(layout.key(dims), scope), check_tag(tag)): group for dims, group in zip(ordered, groups)}
 
-    def _create_families(
+    def create_families(
         self,
         dims_list: Sequence[Dims],
         view: str | None,
@@ -213,9 +211,12 @@ class GuardedCreation(GridFacet):
         (``shrink`` re-creating families); with one, the guard's timeout bounds it.
         Returns registry key -> the caller's group, in creation order.
         """
-        root: GuardedCreation = self._core.root
-        if root is not self:  # a grid from view(): the root creates (one owner, one guard sequence)
-            return root._create_families(dims_list, view or self._core.view_name, strategy, tag, kwargs, call, bound_s)
+        root, grid = self._core.root, self._core.grid
+        if root is not grid:  # a grid from view(): the root creates (one owner, one guard sequence)
+            created: dict[PgKey, dist.ProcessGroup | None] = root._core.create_families(
+                dims_list, view or self._core.view_name, strategy, tag, kwargs, call, bound_s
+            )
+            return created
         tag = check_tag(tag)
         kwargs = dict(kwargs)
         scope = resolve_scope(kwargs.pop("within", None), kwargs.pop("across", None))
@@ -223,8 +224,8 @@ class GuardedCreation(GridFacet):
         self._core.node_size_of(None, per_node, scope)  # refuses a node size without a half
         if scope is not None:
             per_node = node_size(per_node)  # once per batch (LOCAL_WORLD_SIZE when not given)
-        backend, options = family_options(kwargs, self.group_options, self.backend, tag)
-        chosen = self.strategy if strategy is None else check_strategy(strategy)
+        backend, options = family_options(kwargs, grid.group_options, grid.backend, tag)
+        chosen = grid.strategy if strategy is None else check_strategy(strategy)
         plans: list[Plan] = []
         guarded: list[Plan] = []  # the unsplit families: "local" agrees over their groups, whatever the node size
         views: dict[str, str] = {}  # every registered view the batch enumerates, as the guard compares it
@@ -254,7 +255,7 @@ class GuardedCreation(GridFacet):
             return self._created(plans, per_node)
         check_live(call)  # a fenced rank, or a world that failed, creates nothing
         world = dist.get_world_size()
-        check_fits(self, world)
+        check_fits(grid, world)
         ensure_watching()  # this rank answers the world's roll calls from now on (agreement.world)
         if chosen == "split":
             check_can_split(backend)
@@ -281,7 +282,7 @@ class GuardedCreation(GridFacet):
             tuple(views[name] for name in sorted(views)),
             reuses,
         )
-        bound = self.guard_timeout_s if any(rounds) else bound_s
+        bound = grid.guard_timeout_s if any(rounds) else bound_s
         started = time.monotonic()
         added: list[PgKey] = []  # what this call registered: rolled back unless every participant commits
         try:
@@ -307,13 +308,13 @@ class GuardedCreation(GridFacet):
                         raise  # no guard round: nobody can tell a dead peer from ranks that disagree
                     participants, prefix = round_of
                     raise creation_failed(
-                        error, repr(guard_key(key)), f"{prefix}/commit", participants, started, self.guard_timeout_s,
+                        error, repr(guard_key(key)), f"{prefix}/commit", participants, started, grid.guard_timeout_s,
                         self._core.guard_ledger,
                     ) from error  # fmt: skip
             # Every participant must have its groups before any goes on (a death there fails them all alike).
             what = repr(guard_key(plans[0][0])) if len(plans) == 1 else f"{len(plans)} families"
             for participants, prefix in dict.fromkeys((tuple(r[0]), r[1]) for r in rounds if r is not None):
-                settle(f"{prefix}/commit", participants, started, self.guard_timeout_s, what, self._core.guard_ledger)
+                settle(f"{prefix}/commit", participants, started, grid.guard_timeout_s, what, self._core.guard_ledger)
         except BaseException:  # roll back (docs/reliability.md): the commit's outcome is the same on every rank
             abort_groups(
                 self._core.registry.pool.release_registry(self._core.registry.groups, added)

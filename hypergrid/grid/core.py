@@ -1,7 +1,7 @@
 """``GridCore``: the typed core of a grid, where all of its state lives.
 
-``HyperCommGrid`` is a front over its facets (``GridFacet`` subclasses), which
-hold no state: a grid keeps everything in its ``_core``, and a facet uses only
+``HyperCommGrid`` is a front over its facet objects (``Facet``s),
+which hold no state: a grid keeps everything in its ``_core``, and a facet uses only
 what ``hypergrid.binding.facet.FacetCore`` declares of it and of its `Registry`
 (shared by a root and its views): mypy and ``tests/layering.py`` check it. The adapters (``hypergrid.compat``)
 use ``grid_core(grid)``: ``root``, ``view_name``, ``rank_view``,
@@ -18,7 +18,7 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +75,10 @@ class Registry:
 class GridCore:
     """The state of one grid and the registry's operations on it (see the module docstring)."""
 
+    create_families: Callable[..., dict[PgKey, dist.ProcessGroup | None]]  # these three: bound by its FacetFront
+    successor: Callable[[Any], Any]  # to its grid's Elastic's: a shrink's successor grid, and its families again
+    recreate: Callable[[Sequence[Any], float], None]
+
     def __init__(self, grid: Any, layout: GridLayout) -> None:
         self.grid = grid
         self.root = grid
@@ -89,8 +93,7 @@ class GridCore:
         # The guard rounds whose keys may still be in the store (destroy() deletes them), and the checked
         # collectives' call counts in this epoch (hypergrid.ops.checks; the root's is used).
         self.guard_ledger, self.call_ledger = GuardLedger(), CallLedger()
-        # What one facet does for another, bound: guarded creation (batch) and the pool's sharing (communicators).
-        self.create_families: Callable[..., dict[PgKey, dist.ProcessGroup | None]] = grid._create_families
+        # What one facet does for another, bound: the pool's sharing (communicators) here, the rest above.
         pool = Communicators(self)
         self.shared: Callable[..., tuple[Hashable, Any]] = pool.shared
         self.keep: Callable[..., Any] = pool.keep

@@ -12,7 +12,7 @@ waiting on the dead (`hypergrid.binding.failures`) and forms the new world
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
@@ -20,7 +20,7 @@ from hypergrid.agreement.guard import grid_ordinal
 from hypergrid.agreement.membership import Proposal, call_key, release_key, wait_for_call
 from hypergrid.agreement.world import current_watcher, ensure_watching
 from hypergrid.binding import alarm
-from hypergrid.binding.facet import GridFacet, require_initialized
+from hypergrid.binding.facet import Facet, require_initialized
 from hypergrid.binding.failures import abort_groups
 from hypergrid.binding.reform import current_epoch
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, untagged
@@ -76,14 +76,49 @@ def _left_behind() -> None:
     alarm.check_fence("standby")
 
 
-class Elastic(GridFacet):
-    """Abort, shrink, spares and standby (a mixin of ``HyperCommGrid``)."""
+def _check_resume(root: Any, call: str, dim: str, step: object, snapshots: object) -> int | None:
+    """``step`` checked (None or a non-negative int), ``snapshots`` a `StepSnapshots` over a created ``dim``."""
+    if snapshots is not None and step is not None:
+        raise InvalidArgumentError(
+            f"{call}: step={step!r} and snapshots= were both passed; pass one (the snapshots' step is theirs)"
+        )
+    if snapshots is not None:
+        if not isinstance(snapshots, StepSnapshots):
+            raise refuse(call, "snapshots", snapshots, "a hypergrid.StepSnapshots or None", InvalidArgumentError)
+        if not any(_parse(key) == (None, (dim,), None, None) for key in root.created_keys):
+            raise InvalidArgumentError(
+                f"{call}: snapshots= needs the family over {dim!r} (a replica that lacks the agreed step gets it "
+                f"from its {dim!r} group), which this grid did not create; call create_pg({dim!r}) first"
+            )
+    return None if step is None else check_int(call, "step", step, 0, MAX_STEP)
 
-    if TYPE_CHECKING:  # provided by HyperCommGrid
 
-        @property
-        def created_keys(self) -> list[PgKey]: ...
-        def destroy(self) -> None: ...
+def _recover(recovery: Recovery, proposal: Proposal, families: list[Recreation]) -> Regrid:
+    """Agree, plan and carry on (see `hypergrid.grid.recovery`)."""
+    dead = recovery.agree(proposal)
+    plan, successor = recovery.plan(dead, proposal.policy, proposal.dim, families)
+    regrid: Regrid = recovery.carry_on(plan, successor, families, proposal.policy, proposal.dim)
+    record_shrink(recovery.epoch.number, regrid.epoch, regrid.rank, regrid.old_to_new, regrid.dead)  # hypergrid.run
+    return regrid
+
+
+def _family_list(root: Any) -> list[Recreation]:
+    """Every family the root grid created, in order, with what ``create_families`` needs to create it again."""
+    backend_of = {key: entry.backend for entry in root._core.registry.pool.entries() for key in entry.holders}
+    families = []
+    for key in root.created_keys:
+        view, dims, tag, scope = _parse(key)
+        spec: dict[str, Any] = {"dims": list(dims), "view": view, "tag": tag, "kwargs": {}}
+        if scope is not None:
+            spec["kwargs"] = {scope: "node", "ranks_per_node": root._core.registry.families[key][2]}
+        if tag is not None and backend_of.get(key) is not None:
+            spec["kwargs"]["backend"] = backend_of[key]
+        families.append((key, spec))
+    return families
+
+
+class Elastic(Facet):
+    """Abort, shrink, spares and standby; a shrink's successor grid (a facet object; the core's ``successor``)."""
 
     # -- abort ----------------------------------------------------------------
 
@@ -123,24 +158,8 @@ class Elastic(GridFacet):
         if rank in named:
             raise RankError(f"shrink: dead={shown(named)} names the calling rank {rank}; a survivor calls shrink")
         if self._core.registry.spares_released:  # released spares left: they are gone
-            named += range(world - self.spares, world)
+            named += range(world - self._core.grid.spares, world)
         return world, sorted({int(gone) for gone in named})
-
-    def _check_resume(self, call: str, dim: str, step: object, snapshots: object) -> int | None:
-        """``step`` checked (None or a non-negative int), ``snapshots`` a `StepSnapshots` over a created ``dim``."""
-        if snapshots is not None and step is not None:
-            raise InvalidArgumentError(
-                f"{call}: step={step!r} and snapshots= were both passed; pass one (the snapshots' step is theirs)"
-            )
-        if snapshots is not None:
-            if not isinstance(snapshots, StepSnapshots):
-                raise refuse(call, "snapshots", snapshots, "a hypergrid.StepSnapshots or None", InvalidArgumentError)
-            if not any(_parse(key) == (None, (dim,), None, None) for key in self._core.root.created_keys):
-                raise InvalidArgumentError(
-                    f"{call}: snapshots= needs the family over {dim!r} (a replica that lacks the agreed step gets it "
-                    f"from its {dim!r} group), which this grid did not create; call create_pg({dim!r}) first"
-                )
-        return None if step is None else check_int(call, "step", step, 0, MAX_STEP)
 
     def shrink(
         self,
@@ -222,35 +241,28 @@ class Elastic(GridFacet):
             GridSpecError: a registered view no longer divides the new grid.
             InvalidArgumentError: a ``within``/``across`` half no longer fits the new grid's nodes.
         """
-        if self._core.root is not self:  # a grid from view(): the root shrinks (it holds every family)
-            shrunk: Regrid = self._core.root.shrink(
+        grid, root = self._core.grid, self._core.root
+        if root is not grid:  # a grid from view(): the root shrinks (it holds every family)
+            shrunk: Regrid = root.shrink(
                 dead, dim=dim, policy=policy, timeout_s=timeout_s, step=step, snapshots=snapshots
             )
             return shrunk
         alarm.check_fence("grid.shrink")
-        default = min(self.guard_timeout_s, SHRINK_TIMEOUT_S)
+        default = min(grid.guard_timeout_s, SHRINK_TIMEOUT_S)
         timeout = default if timeout_s is None else check_timeout(timeout_s, "timeout_s")
         world, named = self._check_shrink(dead, dim, policy)
-        checked_step = self._check_resume("shrink", dim, step, snapshots)
-        recovery = Recovery(self, current_epoch(), world, timeout, checked_step, snapshots)
-        families = self._family_list()
+        checked_step = _check_resume(root, "shrink", dim, step, snapshots)
+        recovery = Recovery(grid, current_epoch(), world, timeout, checked_step, snapshots)
+        families = _family_list(root)
         known = recovery.known_dead(named)
         # A "local" grid's families may differ between groups after a death (each group commits alone): the
         # survivors keep those all of them hold (`Recovery.held_by_all`), so they are not compared here.
-        compared = [] if self.strategy == "local" else families
+        compared = [] if grid.strategy == "local" else families
         proposal = Proposal(tuple(known), policy, dim, families_digest(compared, self._core.describe()))
-        regrid: Regrid = self._recover(recovery, proposal, families)
+        regrid: Regrid = _recover(recovery, proposal, families)
         return regrid
 
-    def _recover(self, recovery: Recovery, proposal: Proposal, families: list[Recreation]) -> Regrid:
-        """Agree, plan and carry on (see `hypergrid.grid.recovery`)."""
-        dead = recovery.agree(proposal)
-        plan, successor = recovery.plan(dead, proposal.policy, proposal.dim, families)
-        regrid: Regrid = recovery.carry_on(plan, successor, families, proposal.policy, proposal.dim)
-        record_shrink(recovery.epoch.number, regrid.epoch, regrid.rank, regrid.old_to_new, regrid.dead)  # hypergrid.run
-        return regrid
-
-    def _successor(self, plan: ShrinkPlan) -> Any:
+    def successor(self, plan: ShrinkPlan) -> Any:
         """The new grid (no group yet) with the old one's settings and views, for ``plan``."""
         root = self._core.root
         new = type(root)(
@@ -282,35 +294,21 @@ class Elastic(GridFacet):
         shape[view.dim_names.index(dim)] = shape[view.dim_names.index(dim)] * new // old
         return shape
 
-    def _family_list(self) -> list[Recreation]:
-        """Every family the grid created, in order, with what ``_create_families`` needs to create it again."""
-        root = self._core.root
-        backend_of = {key: entry.backend for entry in root._core.registry.pool.entries() for key in entry.holders}
-        families = []
-        for key in root.created_keys:
-            view, dims, tag, scope = _parse(key)
-            spec: dict[str, Any] = {"dims": list(dims), "view": view, "tag": tag, "kwargs": {}}
-            if scope is not None:
-                spec["kwargs"] = {scope: "node", "ranks_per_node": root._core.registry.families[key][2]}
-            if tag is not None and backend_of.get(key) is not None:
-                spec["kwargs"]["backend"] = backend_of[key]
-            families.append((key, spec))
-        return families
-
-    def _recreate(self, families: Sequence[Recreation], bound_s: float) -> None:
+    def recreate(self, families: Sequence[Recreation], bound_s: float) -> None:
         """Create ``families`` again, in their order (the shrink's agreement compared them: no guard round).
 
         torch waits at most ``bound_s`` for the other members of each group (a
         death there fails the creation instead of hanging it).
         """
-        guard, self.guard = self.guard, False
+        grid = self._core.grid
+        guard, grid.guard = grid.guard, False
         try:
             for _, spec in families:
                 self._core.create_families(
                     [spec["dims"]], spec["view"], None, spec["tag"], dict(spec["kwargs"]), "shrink", bound_s=bound_s
                 )
         finally:
-            self.guard = guard
+            grid.guard = guard
 
     # -- spares ---------------------------------------------------------------
 
@@ -338,7 +336,7 @@ class Elastic(GridFacet):
         if snapshots is not None and not isinstance(snapshots, StepSnapshots):
             raise refuse("standby", "snapshots", snapshots, "a hypergrid.StepSnapshots or None", InvalidArgumentError)
         ensure_watching()  # a spare answers the world's roll calls too
-        grid: Elastic = self
+        grid = self._core.grid
         while True:
             world, rank = dist.get_world_size(), dist.get_rank()
             if not world - grid.spares <= rank < world:
@@ -355,9 +353,9 @@ class Elastic(GridFacet):
                 return None
             proposal = Proposal.decode(call[len(_SHRINK) :])
             timeout = min(grid.guard_timeout_s, SHRINK_TIMEOUT_S) if checked is None else checked
-            grid._check_resume("standby", proposal.dim, None, snapshots)
+            _check_resume(grid._core.root, "standby", proposal.dim, None, snapshots)
             recovery = Recovery(grid, epoch, world, timeout, snapshots=snapshots)
-            regrid = grid._recover(recovery, proposal, grid._family_list())
+            regrid = _recover(recovery, proposal, _family_list(grid._core.root))
             if regrid.rank is not None and regrid.grid.layout.contains(regrid.rank):
                 return regrid
             grid = regrid.grid
@@ -374,7 +372,7 @@ class Elastic(GridFacet):
             >>> HyperCommGrid([2], ["dp"]).release_spares()  # no spares: nothing to do
         """
         self._core.registry.spares_released = True
-        if not self.spares:
+        if not self._core.grid.spares:
             return
         require_initialized("release_spares")
         epoch = current_epoch()

@@ -11,34 +11,14 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.binding.facet import GridFacet, require_initialized
+from hypergrid.binding.facet import Facet, caller_rank, require_initialized
 from hypergrid.layout import Dims
 
 __all__ = ["CoordinateGetters"]
 
 
-class CoordinateGetters(GridFacet):
-    """Coordinates, neighbours and group membership of ranks (a mixin of ``HyperCommGrid``)."""
-
-    @property
-    def shape(self) -> list[int]:
-        """Size of each dim, innermost first."""
-        return list(self.layout.shape)
-
-    @property
-    def dim_names(self) -> list[str]:
-        """Name of each dim, innermost first."""
-        return list(self.layout.dim_names)
-
-    @property
-    def rank_offset(self) -> int:
-        """The grid's first rank."""
-        return self.layout.rank_offset
-
-    @property
-    def size(self) -> int:
-        """Number of ranks in the grid."""
-        return self.layout.size
+class CoordinateGetters(Facet):
+    """Coordinates, neighbours and group membership of ranks (a facet object of ``HyperCommGrid``)."""
 
     def coord_of(self, rank: int) -> Any:
         """Coordinates of ``rank`` as a named tuple (fields: the dim names).
@@ -68,7 +48,7 @@ class CoordinateGetters(GridFacet):
 
     def my_coord(self) -> Any:
         """The calling rank's coordinates (needs an initialized world; the rank must be in the grid)."""
-        return self.layout.coord_of(self._rank(None))
+        return self.layout.coord_of(caller_rank(None))
 
     def group_ranks(self, dims: Dims, rank: int | None = None) -> list[int]:
         """The ranks of the group over ``dims`` holding ``rank`` (default: the caller). Pure, O(group).
@@ -78,7 +58,7 @@ class CoordinateGetters(GridFacet):
             >>> HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"]).group_ranks("dp-tp", rank=6)
             [2, 3, 6, 7]
         """
-        return self.layout.group_ranks(dims, self._rank(rank))
+        return self.layout.group_ranks(dims, caller_rank(rank))
 
     def group_rank(self, dims: Dims, rank: int | None = None) -> int:
         """``rank``'s index in its group over ``dims`` (its rank in that process group).
@@ -88,7 +68,7 @@ class CoordinateGetters(GridFacet):
             >>> HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"]).group_rank("dp-tp", rank=6)
             2
         """
-        me = self._rank(rank)
+        me = caller_rank(rank)
         return self.layout.group_ranks(dims, me).index(me)
 
     def group_size(self, dims: Dims) -> int:
@@ -109,7 +89,7 @@ class CoordinateGetters(GridFacet):
             >>> HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"]).src_rank("dp", rank=7)
             3
         """
-        return self.layout.group_ranks(dims, self._rank(rank))[0]
+        return self.layout.group_ranks(dims, caller_rank(rank))[0]
 
     def shift(
         self, dim: str, disp: int = 1, periodic: bool = False, rank: int | None = None
@@ -121,7 +101,7 @@ class CoordinateGetters(GridFacet):
             >>> HyperCommGrid([2, 4], ["tp", "pp"]).shift("pp", rank=3)
             (1, 5)
         """
-        return self.layout.shift(dim, self._rank(rank), disp, periodic)
+        return self.layout.shift(dim, caller_rank(rank), disp, periodic)
 
     def is_first(self, dim: str, rank: int | None = None) -> bool:
         """Whether ``rank`` has coordinate 0 along ``dim`` (first pipeline stage for ``"pp"``).
@@ -131,7 +111,7 @@ class CoordinateGetters(GridFacet):
             >>> HyperCommGrid([2, 4], ["tp", "pp"]).is_first("pp", rank=1)
             True
         """
-        return self.layout.shift(dim, self._rank(rank))[0] is None
+        return self.layout.shift(dim, caller_rank(rank))[0] is None
 
     def is_last(self, dim: str, rank: int | None = None) -> bool:
         """Whether ``rank`` has the last coordinate along ``dim``.
@@ -141,7 +121,7 @@ class CoordinateGetters(GridFacet):
             >>> HyperCommGrid([2, 4], ["tp", "pp"]).is_last("pp", rank=7)
             True
         """
-        return self.layout.shift(dim, self._rank(rank))[1] is None
+        return self.layout.shift(dim, caller_rank(rank))[1] is None
 
     def rank_repr(
         self, rank: int | None = None, omit: Sequence[str] = (), inner_sep: str = "_", outer_sep: str = "-"
@@ -153,7 +133,7 @@ class CoordinateGetters(GridFacet):
             >>> HyperCommGrid([2, 2, 2], ["tp", "pp", "dp"]).rank_repr(5, omit=["dp"])
             'pp_00-tp_01'
         """
-        return self.layout.rank_repr(self._rank(rank), omit, inner_sep, outer_sep)
+        return self.layout.rank_repr(caller_rank(rank), omit, inner_sep, outer_sep)
 
     def is_current_rank_in_grid(self) -> bool:
         """Whether the calling rank is one of the grid's ranks.

@@ -15,25 +15,15 @@ from typing import Any
 import torch.distributed as dist
 
 from hypergrid.binding.creation import check_strategy
-from hypergrid.binding.facet import delegating
 from hypergrid.binding.options import check_group_options, normalize_backend, refuse_keywords
 from hypergrid.binding.registry import PgKey, for_view, member_or_none
 from hypergrid.binding.worldstate import world_size_hint
 from hypergrid.errors import GroupNotFoundError
-from hypergrid.grid.batch import GuardedCreation
-from hypergrid.grid.communicators import Communicators
 from hypergrid.grid.core import GridCore, RankView, check_fits
-from hypergrid.grid.elastic import Elastic, check_spares
-from hypergrid.grid.getters import CoordinateGetters
-from hypergrid.grid.mesh import MeshExport
-from hypergrid.grid.nodes import NodeAwareness
-from hypergrid.grid.shims import MegatronShims
-from hypergrid.grid.views import Views
+from hypergrid.grid.elastic import check_spares
+from hypergrid.grid.front import FacetFront
 from hypergrid.layout import Dims, GridLayout, resolve_shape
-from hypergrid.layout.meshspec import MeshDims
-from hypergrid.ops.collectives import Collectives, check_collectives_flag
-from hypergrid.ops.gradients import Gradients
-from hypergrid.ops.pipeline import Pipeline
+from hypergrid.ops.collectives import check_collectives_flag
 from hypergrid.validation import check_bool, check_timeout, public_methods
 from hypergrid.values import shown
 
@@ -41,16 +31,7 @@ __all__ = ["HyperCommGrid", "world_size_hint"]
 
 
 @public_methods
-class HyperCommGrid(
-    GuardedCreation,
-    CoordinateGetters,
-    NodeAwareness,
-    Views,
-    Collectives,
-    Pipeline,
-    MegatronShims,
-    Elastic,
-):
+class HyperCommGrid(FacetFront):
     """An N-dimensional grid of ranks with named dims and lazily created process groups.
 
     ``dim_names[0]`` is the innermost dim (consecutive ranks), as in
@@ -144,9 +125,32 @@ class HyperCommGrid(
         self.spares = check_spares(spares, world, self.rank_offset + self.size)
         # All of the grid's state: its registry (shared with its views), views, pool and guard ledgers.
         self._core: GridCore = GridCore(self, self.layout)  # the facets see it as a FacetCore
-        # The facet objects, over the core: the methods at the end delegate to them.
-        core = self._core
-        self._mesh_export, self._gradients, self._communicators = MeshExport(core), Gradients(core), Communicators(core)
+        FacetFront.__init__(self, self._core)  # the facet objects over it, which FacetFront's methods delegate to
+
+    @property
+    def shape(self) -> list[int]:
+        """Size of each dim, innermost first."""
+        return list(self.layout.shape)
+
+    @property
+    def dim_names(self) -> list[str]:
+        """Name of each dim, innermost first."""
+        return list(self.layout.dim_names)
+
+    @property
+    def rank_offset(self) -> int:
+        """The grid's first rank."""
+        return self.layout.rank_offset
+
+    @property
+    def size(self) -> int:
+        """Number of ranks in the grid."""
+        return self.layout.size
+
+    @property
+    def shared_dims(self) -> tuple[str, ...]:
+        """The dims whose groups this grid takes from its root grid (empty for a root grid)."""
+        return tuple(self._core.registry.views[self._core.view_name].shared_dims)
 
     @property
     def _pgs(self) -> dict[PgKey, Any]:
@@ -378,21 +382,3 @@ class HyperCommGrid(
             # torch no longer knows this group (destroyed elsewhere), or it is no group of this world.
             with contextlib.suppress(ValueError, RuntimeError):
                 dist.destroy_process_group(group)
-
-    # -- facet objects: each method below is the facet's, under the same name --
-
-    @delegating(MeshExport.to_device_mesh)
-    def to_device_mesh(self, dims: MeshDims, device_type: str = "cpu") -> Any:
-        return self._mesh_export.to_device_mesh(dims, device_type)
-
-    @delegating(MeshExport.to_device_meshes)
-    def to_device_meshes(self, dims_list: Sequence[MeshDims], device_type: str = "cpu") -> list[Any]:
-        return self._mesh_export.to_device_meshes(dims_list, device_type)
-
-    @delegating(Gradients.average_gradients)
-    def average_gradients(self, module_or_params: object, dims: Dims = "dp", *, bucket_mb: float = 25) -> None:
-        self._gradients.average_gradients(module_or_params, dims, bucket_mb=bucket_mb)
-
-    @delegating(Communicators.communicators)
-    def communicators(self) -> list[dict[str, Any]]:
-        return self._communicators.communicators()

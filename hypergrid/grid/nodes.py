@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.binding.facet import GridFacet, require_initialized
+from hypergrid.binding.facet import Facet, caller_rank, require_initialized
 from hypergrid.binding.failures import check_live, peer_failures
 from hypergrid.binding.registry import guard_key
 from hypergrid.cluster.placement import PlacementReport, build_report
@@ -31,8 +31,8 @@ _LOG = logging.getLogger("hypergrid")
 __all__ = ["NodeAwareness"]
 
 
-class NodeAwareness(GridFacet):
-    """Node spans of families, the node-local ranks and group, placement reports (a mixin of ``HyperCommGrid``)."""
+class NodeAwareness(Facet):
+    """Node spans of families, the node-local ranks and group, placement reports (a facet object of the grid)."""
 
     def node_report(self, ranks_per_node: int | None = None) -> list[dict[str, Any]]:
         """For each family, how many nodes its groups span (``ranks_per_node`` from ``LOCAL_WORLD_SIZE``).
@@ -53,10 +53,10 @@ class NodeAwareness(GridFacet):
             [4, 5, 6, 7]
         """
         per_node = _ranks_per_node(ranks_per_node)
-        me = self._rank(None if rank is None else check_int("node_ranks", "rank", rank, 0, MAX_WORLD_SIZE - 1))
+        me = caller_rank(None if rank is None else check_int("node_ranks", "rank", rank, 0, MAX_WORLD_SIZE - 1))
         first = me // per_node * per_node
         # Ranks past the grid (and past this rank) are no one's here: a huge node costs nothing.
-        return list(range(first, min(first + per_node, max(self.rank_offset + self.size, me + 1))))
+        return list(range(first, min(first + per_node, max(self.layout.rank_offset + self.layout.size, me + 1))))
 
     def check_local_rank(self, ranks_per_node: int | None = None) -> None:
         """Check that ``LOCAL_RANK`` is this process's position on its node (nanotron's assert).
@@ -66,7 +66,7 @@ class NodeAwareness(GridFacet):
                 the launcher placed ranks differently than the layout assumes.
         """
         per_node = _ranks_per_node(ranks_per_node)
-        rank = self._rank(None)
+        rank = caller_rank(None)
         local = os.environ.get("LOCAL_RANK")
         if local is None or local.strip() != str(rank % per_node):
             raise WorldSizeError(
@@ -107,7 +107,9 @@ class NodeAwareness(GridFacet):
         """
         if check_bool("node_group", "check_local_rank", check_local_rank):
             self.check_local_rank(ranks_per_node)
-        return self.pg(self.dim_names, within="node", ranks_per_node=ranks_per_node)
+        grid = self._core.grid
+        group: dist.ProcessGroup | None = grid.pg(grid.dim_names, within="node", ranks_per_node=ranks_per_node)
+        return group
 
     def placement_report(
         self, topology: Topology | str | None = None, ranks_per_node: int | None = None

@@ -76,7 +76,7 @@ from hypergrid.values import format_ranks
 
 __all__ = ["Recovery", "families_digest"]
 
-#: A recreation (one family to re-create): its key, and what ``_create_families`` needs (dims, view, tag, kwargs).
+#: A recreation (one family to re-create): its key, and what ``create_families`` needs (dims, view, tag, kwargs).
 Recreation = tuple[PgKey, dict[str, Any]]
 
 #: The step agreement's "no value" (the neutral element of its MIN), above every step.
@@ -165,7 +165,7 @@ class Recovery:
         """The new world and the successor grid, every family checked on it; nothing is torn down here."""
         grid = self.grid
         plan = plan_shrink(grid.layout, self.world, grid.spares, dead, dim, policy)
-        successor = grid._successor(plan)  # views checked here
+        successor = grid._core.successor(plan)  # views checked here (the grid's Elastic's)
         for _, spec in families:
             _, layout, view = successor._core.family(spec["dims"], spec["view"])
             scope = next((half for half in ("within", "across") if half in spec["kwargs"]), None)
@@ -310,7 +310,7 @@ class Recovery:
                 register(World(number, new_rank, size, self.epoch.base_store, namespace=formed.namespace))
                 vigil.check()
                 self.clock.lap("world")
-                successor._recreate(self.held_by_all(families, number), self.torch_bound_s)
+                successor._core.recreate(self.held_by_all(families, number), self.torch_bound_s)
                 self.clock.lap("families")
                 vigil.check()
                 self.agree_step(successor, new_rank, number)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.facet import Facet
 from hypergrid.layout import KEY_SEPARATOR, Dims, GridLayout
 
 __all__ = ["MegatronShims"]
@@ -37,8 +37,8 @@ def _in_given_order(layout: GridLayout, dims: Dims) -> list[list[int]]:
     return regrouped
 
 
-class MegatronShims(GridFacet):
-    """Megatron-Core's private helpers, for drop-in compatibility (a mixin of ``HyperCommGrid``)."""
+class MegatronShims(Facet):
+    """Megatron-Core's private helpers, for drop-in compatibility (a facet object of ``HyperCommGrid``)."""
 
     def _gen_rank_enum(self, dims: Dims) -> list[list[int]]:
         """Megatron's ``_gen_rank_enum``: the family over ``dims``, members in the REVERSE order of ``dims``.
@@ -61,7 +61,7 @@ class MegatronShims(GridFacet):
             >>> HyperCommGrid([8], ["dp"])._gen_rank_enum_for([2, 4], ["ep", "edp"], ["ep"])
             [[0, 1], [2, 3], [4, 5], [6, 7]]
         """
-        return _in_given_order(GridLayout(shape, dim_names, self.rank_offset), dims)
+        return _in_given_order(GridLayout(shape, dim_names, self.layout.rank_offset), dims)
 
     def _order_dims_for(self, dim_names: Sequence[str], dims: Dims) -> tuple[list[str], str]:
         """Megatron's ``_order_dims_for``: ``dims`` outermost first against ``dim_names``, and their key.

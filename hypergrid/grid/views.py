@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from hypergrid.agreement.guard import grid_ordinal
-from hypergrid.binding.facet import GridFacet
+from hypergrid.binding.facet import Facet
 from hypergrid.errors import GridSpecError
 from hypergrid.grid.core import BASE_VIEW, RankView
 from hypergrid.layout import MAX_WORLD_SIZE, GridLayout
 from hypergrid.values import as_int, is_int, shown
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 __all__ = ["BASE_VIEW", "RankView", "Views"]
 
@@ -49,7 +46,7 @@ def _check_name(name: object) -> str:
     return name
 
 
-def _check_view_spec(root: Views, name: object, shape: Sequence[int], dim_names: Sequence[str]) -> None:
+def _check_view_spec(root: Any, name: object, shape: Sequence[int], dim_names: Sequence[str]) -> None:
     _check_name(name)
     if name in root._core.registry.views:
         raise GridSpecError(
@@ -73,7 +70,7 @@ def _check_view_spec(root: Views, name: object, shape: Sequence[int], dim_names:
         )
 
 
-def _check_shared(root: Views, name: str, layout: GridLayout, shared: list[str]) -> None:
+def _check_shared(root: Any, name: str, layout: GridLayout, shared: list[str]) -> None:
     if len(set(shared)) != len(shared):
         raise GridSpecError(f"View {shown(name)} has duplicate shared_dims: {shared}")
     base = root.layout
@@ -99,19 +96,8 @@ def _check_shared(root: Views, name: str, layout: GridLayout, shared: list[str])
             )
 
 
-class Views(GridFacet):
-    """Other factorizations of the grid's ranks (a mixin of ``HyperCommGrid``)."""
-
-    if TYPE_CHECKING:  # provided by HyperCommGrid (hypergrid.grid.grid)
-
-        def __init__(
-            self,
-            shape: Sequence[int],
-            dim_names: Sequence[str],
-            rank_offset: int = 0,
-            backend: str | None = None,
-            **settings: Any,
-        ) -> None: ...
+class Views(Facet):
+    """Other factorizations of the grid's ranks (a facet object of ``HyperCommGrid``)."""
 
     def register_view(
         self, name: str, shape: Sequence[int], dim_names: Sequence[str], shared_dims: Sequence[str] | None = None
@@ -143,7 +129,7 @@ class Views(GridFacet):
             >>> grid.get_rank_enum(["ep", "expt_tp"], view="expert")
             [[0, 1, 2, 3], [4, 5, 6, 7]]
         """
-        root: Self = self._core.root
+        root = self._core.root
         _check_sequences(shape, dim_names, shared_dims)
         _check_view_spec(root, name, shape, dim_names)
         layout = GridLayout([int(s) for s in shape], dim_names, root.rank_offset)
@@ -158,7 +144,7 @@ class Views(GridFacet):
         shared_dims: Sequence[str] | None = None,
         *,
         name: str | None = None,
-    ) -> Self:
+    ) -> Any:
         """Another factorization of the same ranks (MoE parallel folding), as a grid of its own.
 
         Registers the view on the root grid (``register_view``) and returns a
@@ -185,7 +171,7 @@ class Views(GridFacet):
             >>> expert.shape, expert.shared_dims, expert.get_rank_enum("ep")
             ([4, 1, 2], ('pp',), [[0, 1, 2, 3], [4, 5, 6, 7]])
         """
-        root: Self = self._core.root
+        root = self._core.root
         _check_sequences(shape, dim_names, shared_dims)
         if name is not None:
             _check_name(name)
@@ -197,7 +183,7 @@ class Views(GridFacet):
         known = root._core.registry.views.get(name)
         if known is None or (known.shape, known.dim_names, known.shared_dims) != (sizes, list(dim_names), shared):
             root.register_view(name, sizes, dim_names, shared)
-        return root._bound_view(name)
+        return self._bound_view(name)
 
     def _resolve_view_shape(self, shape: Sequence[int]) -> list[int]:
         sizes = list(shape)
@@ -219,15 +205,10 @@ class Views(GridFacet):
             sizes[wild[0]] = self._core.root.size // known
         return sizes
 
-    @property
-    def shared_dims(self) -> tuple[str, ...]:
-        """The dims whose groups this grid takes from its root grid (empty for a root grid)."""
-        return tuple(self._core.registry.views[self._core.view_name].shared_dims)
-
     # -- registry keys --------------------------------------------------------
 
-    def _bound_view(self, name: str) -> Self:
-        root: Self = self._core.root
+    def _bound_view(self, name: str) -> Any:
+        root = self._core.root
         spec = root._core.registry.views[name]
         bound = type(root)(spec.shape, spec.dim_names, root.rank_offset, **root._core.init_kwargs())
         bound._core.bind(root, name)

@@ -35,22 +35,33 @@ Examples:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 from hypergrid.errors import public
-from hypergrid.ops.collectives import Collectives
 from hypergrid.ops.tensors import tensor_dim
 from hypergrid.validation import refuse
 
 if TYPE_CHECKING:
-    from hypergrid.layout import Dims
+    from hypergrid.layout import Dims, GridLayout
 
 __all__ = ["copy_to", "gather_from", "gather_from_sequence", "reduce_from", "reduce_scatter_to", "scatter_to"]
 
 
-def _all_reduce(x: torch.Tensor, grid: Collectives, dims: Dims) -> torch.Tensor:
+@runtime_checkable
+class CollectiveGrid(Protocol):
+    """What the mappings use of a grid: a ``HyperCommGrid`` (its collectives: ``hypergrid.ops.collectives``)."""
+
+    layout: GridLayout
+    all_reduce: Callable[..., Any]
+    all_gather: Callable[..., torch.Tensor]
+    reduce_scatter: Callable[..., torch.Tensor]
+    own_chunk: Callable[..., torch.Tensor]
+
+
+def _all_reduce(x: torch.Tensor, grid: CollectiveGrid, dims: Dims) -> torch.Tensor:
     out = x.contiguous().clone()  # never reduce autograd's own buffers in place
     grid.all_reduce(out, dims)
     return out
@@ -58,7 +69,7 @@ def _all_reduce(x: torch.Tensor, grid: Collectives, dims: Dims) -> torch.Tensor:
 
 class _CopyTo(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, grid: Collectives, dims: Dims) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, grid: CollectiveGrid, dims: Dims) -> torch.Tensor:
         ctx.grid, ctx.dims = grid, dims
         return x.view_as(x)
 
@@ -69,7 +80,7 @@ class _CopyTo(torch.autograd.Function):
 
 class _ReduceFrom(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, grid: Collectives, dims: Dims) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, grid: CollectiveGrid, dims: Dims) -> torch.Tensor:
         return _all_reduce(x, grid, dims)
 
     @staticmethod
@@ -81,7 +92,7 @@ class _Split(torch.autograd.Function):
     """Keep own chunk forward; all-gather backward (``scatter_to``)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, grid: Collectives, dims: Dims, dim: int) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, grid: CollectiveGrid, dims: Dims, dim: int) -> torch.Tensor:
         ctx.grid, ctx.dims, ctx.dim = grid, dims, dim
         return grid.own_chunk(x, dims, dim).contiguous()
 
@@ -94,7 +105,7 @@ class _Gather(torch.autograd.Function):
     """All-gather forward; keep own chunk (``gather_from``) or reduce-scatter (sequence) backward."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, grid: Collectives, dims: Dims, dim: int, reduce: bool) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, grid: CollectiveGrid, dims: Dims, dim: int, reduce: bool) -> torch.Tensor:
         ctx.grid, ctx.dims, ctx.dim, ctx.reduce = grid, dims, dim, reduce
         return grid.all_gather(x, dims, dim)
 
@@ -107,7 +118,7 @@ class _Gather(torch.autograd.Function):
 
 class _ReduceScatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, grid: Collectives, dims: Dims, dim: int) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, grid: CollectiveGrid, dims: Dims, dim: int) -> torch.Tensor:
         ctx.grid, ctx.dims, ctx.dim = grid, dims, dim
         return grid.reduce_scatter(x, dims, dim=dim)
 
@@ -121,17 +132,17 @@ def _apply(function: type[torch.autograd.Function], *args: Any) -> torch.Tensor:
     return out
 
 
-def _checked(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int | None, what: str) -> int:
+def _checked(x: torch.Tensor, grid: CollectiveGrid, dims: Dims, dim: int | None, what: str) -> int:
     if not isinstance(x, torch.Tensor):
         raise refuse(what, "x", x, "a torch.Tensor")
-    if not isinstance(grid, Collectives):
+    if not isinstance(grid, CollectiveGrid):
         raise refuse(what, "grid", grid, "a HyperCommGrid")
     grid.layout.key(dims)  # DimsError before any communication
     return 0 if dim is None else tensor_dim(x, dim, what)
 
 
 @public
-def copy_to(x: torch.Tensor, grid: Collectives, dims: Dims) -> torch.Tensor:
+def copy_to(x: torch.Tensor, grid: CollectiveGrid, dims: Dims) -> torch.Tensor:
     """Identity forward, all-reduce of the gradient over the family backward (enter a tensor-parallel region).
 
     Raises:
@@ -144,7 +155,7 @@ def copy_to(x: torch.Tensor, grid: Collectives, dims: Dims) -> torch.Tensor:
 
 
 @public
-def reduce_from(x: torch.Tensor, grid: Collectives, dims: Dims) -> torch.Tensor:
+def reduce_from(x: torch.Tensor, grid: CollectiveGrid, dims: Dims) -> torch.Tensor:
     """All-reduce (sum) over the family forward, identity backward (leave a row-parallel layer).
 
     Raises:
@@ -157,7 +168,7 @@ def reduce_from(x: torch.Tensor, grid: Collectives, dims: Dims) -> torch.Tensor:
 
 
 @public
-def scatter_to(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int = -1) -> torch.Tensor:
+def scatter_to(x: torch.Tensor, grid: CollectiveGrid, dims: Dims, dim: int = -1) -> torch.Tensor:
     """Keep this rank's chunk along ``dim`` forward, all-gather the gradient backward.
 
     Raises:
@@ -171,7 +182,7 @@ def scatter_to(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int = -1) ->
 
 
 @public
-def gather_from(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int = -1) -> torch.Tensor:
+def gather_from(x: torch.Tensor, grid: CollectiveGrid, dims: Dims, dim: int = -1) -> torch.Tensor:
     """All-gather along ``dim`` forward, keep this rank's chunk of the gradient backward.
 
     For a result every member then uses identically (the output of a
@@ -189,7 +200,7 @@ def gather_from(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int = -1) -
 
 
 @public
-def reduce_scatter_to(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int = 0) -> torch.Tensor:
+def reduce_scatter_to(x: torch.Tensor, grid: CollectiveGrid, dims: Dims, dim: int = 0) -> torch.Tensor:
     """Reduce-scatter (sum) along ``dim`` forward, all-gather the gradient backward (sequence parallel).
 
     Raises:
@@ -203,7 +214,7 @@ def reduce_scatter_to(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int =
 
 
 @public
-def gather_from_sequence(x: torch.Tensor, grid: Collectives, dims: Dims, dim: int = 0) -> torch.Tensor:
+def gather_from_sequence(x: torch.Tensor, grid: CollectiveGrid, dims: Dims, dim: int = 0) -> torch.Tensor:
     """All-gather along ``dim`` forward, reduce-scatter the gradient backward (enter a sequence-parallel block).
 
     The counterpart of ``reduce_scatter_to``: the gathered sequence feeds

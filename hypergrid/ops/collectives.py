@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hypergrid.binding.facet import GridFacet, member_pg
+from hypergrid.binding.facet import Facet, caller_rank, member_pg
 from hypergrid.binding.failures import Watched, communicate
 from hypergrid.binding.registry import guard_key
 from hypergrid.errors import InvalidArgumentError
@@ -50,8 +50,8 @@ _HALVES = (("within", ("node", None)), ("across", (None, "node")))
 _reduce_scatter_single: Any = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-class Collectives(GridFacet):
-    """Collectives on the caller's group of any family (a mixin of ``HyperCommGrid``)."""
+class Collectives(Facet):
+    """Collectives on the caller's group of any family (a facet object of ``HyperCommGrid``)."""
 
     def _chunk_dim(self, tensor: torch.Tensor, dims: Dims, dim: int, what: str) -> tuple[int, int]:
         """``(dim, chunk size)`` for splitting ``tensor`` along ``dim`` into one chunk per group member."""
@@ -85,7 +85,7 @@ class Collectives(GridFacet):
             >>> dist.destroy_process_group()
         """
         index, chunk = self._chunk_dim(tensor, dims, dim, "own_chunk")
-        position = self.layout.group_ranks(dims, self._rank(None)).index(self._rank(None))
+        position = self.layout.group_ranks(dims, caller_rank(None)).index(caller_rank(None))
         return tensor.narrow(index, position * chunk, chunk)
 
     def all_reduce(
@@ -119,11 +119,11 @@ class Collectives(GridFacet):
             [1.0, 1.0]
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        compare_call(self, "all_reduce", dims, tensor, op)
+        compare_call(self._core.grid, "all_reduce", dims, tensor, op)
         check_tensor(tensor, "all_reduce")
         check_reduce_op(op, "all_reduce")
         check_bool("all_reduce", "async_op", async_op)
-        group = member_pg(self, dims, "all_reduce")
+        group = member_pg(self._core.grid, dims, "all_reduce")
         work: Watched | None = communicate(
             f"all_reduce over {shown(dims)}", dist.all_reduce, tensor, op=op, group=group, async_op=async_op
         )
@@ -151,9 +151,9 @@ class Collectives(GridFacet):
             torch.Size([2, 3])
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        compare_call(self, "all_gather", dims, tensor, None, dim)
+        compare_call(self._core.grid, "all_gather", dims, tensor, None, dim)
         index = tensor_dim(check_tensor(tensor, "all_gather", dense=True), dim, "all_gather")
-        group = member_pg(self, dims, "all_gather")
+        group = member_pg(self._core.grid, dims, "all_gather")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((self.layout.group_size(dims) * moved.shape[0], *moved.shape[1:]))
         communicate(f"all_gather over {shown(dims)}", all_gather_single, out, moved, group=group)
@@ -181,10 +181,10 @@ class Collectives(GridFacet):
             [0.0, 1.0, 2.0, 3.0]
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        compare_call(self, "reduce_scatter", dims, tensor, op, dim)
+        compare_call(self._core.grid, "reduce_scatter", dims, tensor, op, dim)
         check_reduce_op(op, "reduce_scatter")
         index, chunk = self._chunk_dim(check_tensor(tensor, "reduce_scatter", dense=True), dims, dim, "reduce_scatter")
-        group = member_pg(self, dims, "reduce_scatter")
+        group = member_pg(self._core.grid, dims, "reduce_scatter")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((chunk, *moved.shape[1:]))
         communicate(f"reduce_scatter over {shown(dims)}", _reduce_scatter_single, out, moved, op=op, group=group)
@@ -218,7 +218,7 @@ class Collectives(GridFacet):
             hypergrid.errors.InvalidArgumentError: broadcast over dims 'tp': group_src=1 is not a rank ...
             >>> grid.destroy(); dist.destroy_process_group()
         """
-        compare_call(self, "broadcast", dims, tensor, None, group_src)
+        compare_call(self._core.grid, "broadcast", dims, tensor, None, group_src)
         check_tensor(tensor, "broadcast")
         check_bool("broadcast", "async_op", async_op)
         members = self.layout.group_size(dims)
@@ -227,7 +227,7 @@ class Collectives(GridFacet):
                 f"broadcast over dims {shown(dims)}: group_src={shown(group_src)} is not a rank of the group "
                 f"(expected an int in 0..{members - 1})"
             )
-        group = member_pg(self, dims, "broadcast")
+        group = member_pg(self._core.grid, dims, "broadcast")
         src = self.layout.group_ranks(dims, dist.get_rank())[group_src]
         work: Watched | None = communicate(
             f"broadcast over {shown(dims)}", dist.broadcast, tensor, src=src, group=group, async_op=async_op
@@ -255,8 +255,8 @@ class Collectives(GridFacet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         check_bool("barrier", "async_op", async_op)
-        compare_call(self, "barrier", dims, None)
-        group = member_pg(self, dims, "barrier")
+        compare_call(self._core.grid, "barrier", dims, None)
+        group = member_pg(self._core.grid, dims, "barrier")
         work: Watched | None = communicate(f"barrier over {shown(dims)}", dist.barrier, group=group, async_op=async_op)
         return work
 
@@ -315,9 +315,9 @@ class Collectives(GridFacet):
         if not checking:
             check_tensor(tensor, what, dense=True, written=True)
             check_reduce_op(op, what)
-        self.pg(dims, across="node", **per_node)  # every rank takes part in both creations before any raises
-        inner = member_pg(self, dims, what, within="node", **per_node)
-        outer = member_pg(self, dims, what, across="node", **per_node)
+        self._core.grid.pg(dims, across="node", **per_node)  # every rank takes part in both creations before any raises
+        inner = member_pg(self._core.grid, dims, what, within="node", **per_node)
+        outer = member_pg(self._core.grid, dims, what, across="node", **per_node)
         cuts = {
             half: self._core.node_size_of(self._core.key(dims, None, None, *scope), None, "node")
             for half, scope in _HALVES
@@ -334,7 +334,7 @@ class Collectives(GridFacet):
                 (outer, guard_key(self._core.key(dims, None, None, None, "node"))),
             ]
             family = guard_key(self._core.key(dims, None, None, None, None))
-            compare_calls(self, family, halves, signature(what, tensor, op), tensor, what, dims)
+            compare_calls(self._core.grid, family, halves, signature(what, tensor, op), tensor, what, dims)
             check_tensor(tensor, what, dense=True, written=True)
             check_reduce_op(op, what)
         k, count = dist.get_world_size(inner), tensor.numel()

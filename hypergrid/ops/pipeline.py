@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hypergrid.binding.facet import GridFacet, member_pg
+from hypergrid.binding.facet import Facet, caller_rank, member_pg
 from hypergrid.binding.failures import check_live, peer_failures, wait_works
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout import GridLayout
@@ -68,8 +68,8 @@ def _what(code: int) -> str:
     return "None" if code == -1 else f"a tensor (shape and dtype #{code})"
 
 
-class Pipeline(GridFacet):
-    """Previous / next ranks along a dim and point-to-point op lists (a mixin of ``HyperCommGrid``)."""
+class Pipeline(Facet):
+    """Previous / next ranks along a dim and point-to-point op lists (a facet object of ``HyperCommGrid``)."""
 
     def prev_rank(self, dim: str, rank: int | None = None) -> int:
         """The global rank one step before ``rank`` along ``dim``, wrapping around (a ring).
@@ -87,7 +87,7 @@ class Pipeline(GridFacet):
             >>> grid.prev_rank("pp", rank=1), grid.prev_rank("pp", rank=3)
             (7, 1)
         """
-        source = self.layout.shift(dim, self._rank(rank), 1, True)[0]
+        source = self.layout.shift(dim, caller_rank(rank), 1, True)[0]
         assert source is not None  # periodic: never past an edge
         return source
 
@@ -107,7 +107,7 @@ class Pipeline(GridFacet):
             >>> grid.next_rank("pp", rank=1), grid.next_rank("pp", rank=7)
             (3, 1)
         """
-        dest = self.layout.shift(dim, self._rank(rank), 1, True)[1]
+        dest = self.layout.shift(dim, caller_rank(rank), 1, True)[1]
         assert dest is not None
         return dest
 
@@ -158,7 +158,7 @@ class Pipeline(GridFacet):
         """
         tensors = _checked("p2p_ops", self.layout, dim, send_next, send_prev, recv_next, recv_prev)
         check_live(f"p2p_ops along {shown(dim)}")
-        group = member_pg(self, dim, "p2p_ops")
+        group = member_pg(self._core.grid, dim, "p2p_ops")
         rank = dist.get_rank()
         given = [name for name, tensor in tensors.items() if tensor is not None]
         if given and self.layout.dim_size(dim) == 1:
@@ -227,13 +227,13 @@ class Pipeline(GridFacet):
         if not checking:
             _checked(*arguments)  # before any group is created
         self.layout._one_dim(dim)
-        member_pg(self, dim, "exchange")  # every stage takes part in the group's creation
+        member_pg(self._core.grid, dim, "exchange")  # every stage takes part in the group's creation
         before, after = self.layout.shift(dim, dist.get_rank())
         present = {"prev": before is not None, "next": after is not None}
         given = {"send_next": send_next, "recv_prev": recv_prev, "send_prev": send_prev, "recv_next": recv_next}
         if checking:  # what each stage sends and receives, compared with its neighbours', then checked
             codes = [tensor_code(t) if present[name.split("_")[1]] else -1 for name, t in given.items()]
-            compare_call(self, "exchange", dim, None, aux=codes, pairing=_pairs)
+            compare_call(self._core.grid, "exchange", dim, None, aux=codes, pairing=_pairs)
         tensors = _checked(*arguments)
         kept = {name: t for name, t in tensors.items() if t is not None and present[name.split("_")[1]]}
         run_p2p(self.p2p_ops(dim, **kept), f"exchange along {shown(dim)}")

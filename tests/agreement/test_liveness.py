@@ -17,6 +17,7 @@ import pytest
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from benchmarks.guard import CountingStore
+from hypergrid.agreement import liveness
 from hypergrid.agreement.barrier import Barrier, BarrierFailed
 from hypergrid.agreement.liveness import (
     FAILURE,
@@ -51,13 +52,20 @@ def roll_call(
     number: int = 0,
     bound: float = BOUND,
     late: dict[int, float] | None = None,
+    woken_at: float | None = None,
 ) -> tuple[dict[int, Any], dict[int, int]]:
     """Incident ``number`` of world ``world``: ``answering`` ranks answer (one thread each); the verdicts they read.
 
-    A rank in ``late`` answers that many seconds after the call (the others at once).
+    A rank in ``late`` answers that many seconds after the call (the others at once). With ``woken_at``, the
+    caller says every rank is woken (``I/woken``) that many seconds after the call; without, it never does
+    (a caller that died before the end of its wake).
     """
     prefix = incident_prefix(world, number)
-    client(server).compare_set(f"{prefix}/call", "", f"{FAILURE} test")
+    caller = client(server)
+    caller.compare_set(f"{prefix}/call", "", f"{FAILURE} test")
+    if woken_at is not None:
+        timer = threading.Timer(woken_at, lambda: caller.set(f"{prefix}/woken", ""))
+        timer.start()
     verdicts: dict[int, Any] = {}
     ops: dict[int, int] = {}
 
@@ -66,7 +74,7 @@ def roll_call(
         incident = Incident(store, prefix, rank, list(range(size)))
         time.sleep((late or {}).get(rank, 0.0))
         call = incident.answer()
-        verdict = None if call is None else incident.close(call, time.monotonic() + bound)
+        verdict = None if call is None else incident.close(call, time.monotonic(), bound)
         if verdict is not None:
             incident.conclude(verdict)
         verdicts[rank], ops[rank] = verdict, store.ops
@@ -76,6 +84,9 @@ def roll_call(
         thread.start()
     for thread in threads:
         thread.join()
+    if woken_at is not None:
+        timer.join()
+        caller.delete_key(f"{prefix}/woken")  # (the caller's own check finds the call gone: `Incident.call`)
     return verdicts, ops
 
 
@@ -85,7 +96,8 @@ def test_everyone_answers_nobody_dead_in_o1_ops_no_key_left(server: Any, size: i
     before = server.num_keys()
     verdicts, ops = roll_call(server, 100 + size, size, list(range(size)), bound=30.0)  # it closes on the count
     assert {verdict for verdict in verdicts.values()} == {Verdict(FAILURE, (), "test")}
-    assert max(ops.values()) <= 12 and statistics.median_low(ops.values()) <= 7  # whatever the size
+    # whatever the size: a closer also waits for the wake's end (``I/woken``), the last reader deletes 6 keys
+    assert max(ops.values()) <= 15 and statistics.median_low(ops.values()) <= 7
     assert server.num_keys() == before
 
 
@@ -107,6 +119,30 @@ def test_a_rank_that_answers_before_the_bound_is_never_dead_however_long_the_oth
     verdicts, _ = roll_call(server, 12, 5, [0, 1, 2, 3], bound=1.0, late={3: 0.6})
     assert {verdict.dead for verdict in verdicts.values()} == {(4,)}
     assert server.num_keys() == before
+
+
+@pytest.mark.timeout(60)
+def test_the_bound_runs_from_the_end_of_the_wake_not_from_the_call(
+    server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A wake that takes 1 s (as 131,072 wake keys do): rank 3 is woken by its end and answers 1.3 s after the call,
+    # past the 1 s bound counted from the call, yet within 1 s of the wake's end: only rank 4 is dead, and the
+    # closers close 1 s after the wake's end, not at the fallback (10 s per rank here: 50 s).
+    monkeypatch.setattr(liveness, "PER_RANK_S", 10.0)
+    before = server.num_keys()
+    started = time.monotonic()
+    verdicts, _ = roll_call(server, 13, 5, [0, 1, 2, 3], bound=1.0, late={3: 1.3}, woken_at=1.0)
+    assert {verdict.dead for verdict in verdicts.values()} == {(4,)}
+    assert time.monotonic() - started < 10.0  # the fallback would be 50 s
+    assert server.num_keys() == before
+
+
+@pytest.mark.timeout(60)
+def test_without_the_end_of_the_wake_the_closers_wait_the_fallback(server: Any) -> None:
+    # The caller died before it said everyone is woken: the closers wait `bound_s` from the call (here 1 s for 5
+    # ranks), so rank 3 answering 0.8 s after the call is alive.
+    verdicts, _ = roll_call(server, 14, 5, [0, 1, 2, 3], bound=1.0, late={3: 0.8})
+    assert {verdict.dead for verdict in verdicts.values()} == {(4,)}
 
 
 @pytest.mark.timeout(60)
@@ -229,22 +265,31 @@ def test_watchers_agree_on_the_dead_and_fence_the_late(server: Any) -> None:
 
 
 class _MultiSets:
-    """A store that records each ``multi_set``'s key count (and answers ``compare_set`` as an empty store)."""
+    """A store that records each ``multi_set``'s key count and each ``set`` in order (``compare_set``: empty)."""
 
     def __init__(self) -> None:
         self.sizes: list[int] = []
+        self.writes: list[str] = []
 
     def compare_set(self, key: str, expected: str, desired: str) -> bytes:
         return desired.encode()
 
     def multi_set(self, keys: list[str], values: list[str]) -> None:
         self.sizes.append(len(keys))
+        self.writes.append("wake")
+
+    def set(self, key: str, value: str) -> None:
+        self.writes.append(key.rsplit("/", 1)[-1])
+
+    def check(self, keys: list[str]) -> bool:
+        return True
 
 
-def test_a_call_wakes_many_ranks_in_bounded_multi_sets() -> None:
+def test_a_call_wakes_many_ranks_in_bounded_multi_sets_then_says_every_rank_is_woken() -> None:
     """torch's server parses one ``multi_set`` in time quadratic in its keys: a call wakes in chunks."""
     store = _MultiSets()
     ranks = range(2 * MULTI_SET_KEYS + 5)
     Incident(store, incident_prefix(0, 0), 0, ranks).call(FAILURE, "x", ranks)
     assert store.sizes == [MULTI_SET_KEYS, MULTI_SET_KEYS, 5]
+    assert store.writes == ["wake", "wake", "wake", "woken"]  # the closers' bound runs from the last wake
     assert MULTI_SET_KEYS <= 8192

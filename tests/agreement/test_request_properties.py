@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from hypergrid import HyperCommGrid
 from hypergrid.agreement.request import CreationRequest, mismatch_verdict
-from hypergrid.grid.settings import LOCAL_SETTINGS
+from hypergrid.grid.settings import LOCAL_SETTINGS, settings
 
 NAMES = st.sampled_from(["tp", "cp", "dp", "ep", "pp", "dp-tp", "expert:ep"])
 TEXT = st.text(alphabet="abcdefgh0123456789=.'", min_size=1, max_size=6)
@@ -73,7 +73,7 @@ def test_a_request_differing_in_one_field_is_a_mismatch_naming_that_field(
 
 def test_every_constructor_setting_takes_part_in_the_request_or_is_declared_local() -> None:
     grid = HyperCommGrid([2, 2], ["tp", "dp"])
-    taking_part = {name for name, _ in grid._settings()}
+    taking_part = {name for name, _ in settings(grid)}  # what guarded creation puts in the request
     parameters = set(inspect.signature(HyperCommGrid).parameters) - {"shape", "dim_names", "rank_offset"}
     assert taking_part == parameters - LOCAL_SETTINGS
     assert parameters >= LOCAL_SETTINGS  # nothing declared local that does not exist

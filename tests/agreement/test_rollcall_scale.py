@@ -89,10 +89,10 @@ def test_the_simulated_script_is_what_a_real_watcher_sends() -> None:
 def _without_cleanup(ops: tuple[str, ...]) -> tuple[str, ...]:
     """``ops`` without the last reader's clean-up (`Incident.conclude`), if it is there.
 
-    It deletes the incident's 5 keys and the dead rank's wake key: 6 deletes.
+    It deletes the incident's 6 keys and the dead rank's wake key: 7 deletes.
     """
     done = rollcall.SCRIPT.index("add read") + 1
-    return ops[:done] + ops[done + 6 :] if ops[done : done + 6] == ("delete wake",) * 6 else ops
+    return ops[:done] + ops[done + 7 :] if ops[done : done + 7] == ("delete wake",) * 7 else ops
 
 
 @pytest.mark.timeout(240)
@@ -101,7 +101,8 @@ def test_a_roll_call_of_1024_ranks_with_one_dead_in_constant_operations_per_rank
     row = rows[0]
     assert row["store_ops_simulated_rank"] == len(rollcall.SCRIPT) == 12
     assert row["live_named_dead"] == 0
-    assert row["store_ops_closers"] and max(row["store_ops_closers"]) <= 20  # whatever the number of ranks
+    # whatever the number of ranks (2 of them: the closer's wait for I/woken)
+    assert row["store_ops_closers"] and max(row["store_ops_closers"]) <= 22
 
 
 @pytest.mark.stress
@@ -109,4 +110,4 @@ def test_a_roll_call_of_1024_ranks_with_one_dead_in_constant_operations_per_rank
 def test_a_roll_call_of_16384_ranks_names_only_the_dead_rank() -> None:
     rows = rollcall.run([16384], processes=2, connections=256, repeats=1)  # raises unless all read the same verdict
     assert rows[0]["live_named_dead"] == 0
-    assert max(rows[0]["store_ops_closers"]) <= 20
+    assert max(rows[0]["store_ops_closers"]) <= 22

@@ -118,3 +118,21 @@ def test_a_view_keeps_every_constructor_setting_of_its_root() -> None:
     expert = grid.view([4], ["ep"], name="expert")
     for name in ("guard_timeout_s", "guard_progress_s", "share_groups", "check_collectives", "strategy", "spares"):
         assert getattr(expert, name) == getattr(grid, name), name
+
+
+def test_every_delegating_method_reaches_a_facet_object_the_grid_holds() -> None:
+    """Each ``delegate(Facet.name)`` of the front calls a method of one of the grid's facet objects, named alike."""
+    import inspect
+
+    grid = HyperCommGrid([2, 2], ["tp", "dp"])
+    held = {type(facet) for facet in grid._facets.values()}
+    delegated = {}  # every method the grid does not define itself (grid.py) is a facet's
+    for name, member in inspect.getmembers(type(grid), inspect.isfunction):
+        target = inspect.unwrap(member)
+        if not name.startswith("__") and target.__qualname__.split(".")[0] != "HyperCommGrid":
+            delegated[name] = target
+    assert len(held) == 11 and len(delegated) >= 40  # the facets' public methods and Megatron's four helpers
+    for name, target in delegated.items():
+        assert target.__name__ == name, (name, target.__qualname__)
+        assert any(getattr(facet, name, None) is target for facet in held), name
+    assert grid.group_ranks("dp", rank=3) == [1, 3] and grid._gen_rank_enum(["dp"]) == [[0, 2], [1, 3]]

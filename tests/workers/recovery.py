@@ -26,6 +26,7 @@ from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.world import current_world
 from hypergrid.binding.reform import current_epoch
 from hypergrid.errors import HyperGridError, RankFailure
+from hypergrid.grid.elastic import Elastic
 
 #: Production-like: a collective waits this long before torch gives up on its own.
 GROUP_TIMEOUT = datetime.timedelta(seconds=600)
@@ -218,16 +219,16 @@ def _arm(point: str) -> None:
     elif point == "reform":
         recovery.reform_world = die  # type: ignore[attr-defined]
     elif point == "recreate":
-        HyperCommGrid._recreate = die  # type: ignore[method-assign]
+        Elastic.recreate = die  # type: ignore[method-assign]
     elif point == "handshake":  # publishes its address for a family's group, dies before connecting to anyone
-        real_recreate = HyperCommGrid._recreate
+        real_recreate = Elastic.recreate
 
         def recreate(self: Any, *args: Any) -> None:
             c10d.ProcessGroupGloo = lambda store, *rest, **options: real_gloo(_DyingStore(store), *rest, **options)
             real_recreate(self, *args)
 
         real_gloo = c10d.ProcessGroupGloo
-        HyperCommGrid._recreate = recreate  # type: ignore[method-assign]
+        Elastic.recreate = recreate  # type: ignore[method-assign]
     elif point == "step":  # dies where the others wait in the new world's first all-reduce
         recovery.Recovery.agree_step = die  # type: ignore[method-assign]
     elif point == "stop":  # stopped there instead (its connections stay open): resumed 30 s later, it exits
