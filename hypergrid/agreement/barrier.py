@@ -29,15 +29,17 @@ path (torch logs every store wait that does).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hypergrid.agreement import diagnosis
 from hypergrid.binding import alarm
+from hypergrid.binding.failures import abort_world_groups
 
-__all__ = ["Barrier", "BarrierFailed", "Prober", "probe_every_s"]
+__all__ = ["Barrier", "BarrierFailed", "Prober", "Vigil", "probe_every_s"]
 
 
 def probe_every_s(size: int) -> float:
@@ -224,3 +226,71 @@ class Prober:
                     return
                 if found and self.on_dead(found):
                     return
+
+
+class Vigil:
+    """A step whose members wait inside torch, where no wait of ours listens: a member found dead ends it at once.
+
+    What ``shrink`` keeps while it forms a new world (the default group, the
+    families, the step's all-reduce): a member that dies there would leave
+    the others in torch's rendezvous (its timeout) or in a collective of the
+    new world, which nothing probes yet (the group's timeout, minutes). Every
+    member listens to its liveness (``watch``: the old world's watcher's
+    `hypergrid.agreement.watcher.Watcher.on_dead`): once a roll call's verdict
+    names a member dead, every member's waits there end (the current world's
+    alarm sounds, its groups' connections are severed) and `check` raises;
+    the first two members (``probe`` given) ask the roll call every
+    ``period_s`` meanwhile (`Prober`), as a barrier's first two arrivals do.
+
+    Args:
+        watch: registers a callback run with every rank found dead so far, at each verdict naming dead ranks;
+            returns what unregisters it (None: no liveness, nothing is heard).
+        members: the roll call's rank -> member, for the step's members.
+        what: the step, as the failure names it.
+        probe: runs a roll call, returns the members found dead (None: this member does not probe).
+        period_s: how often ``probe`` is asked.
+    """
+
+    def __init__(
+        self,
+        watch: Callable[[Callable[[tuple[int, ...]], None]], Callable[[], object]] | None,
+        members: Mapping[int, int],
+        what: str,
+        probe: Callable[[], Sequence[int]] | None = None,
+        period_s: float = 0.5,
+    ) -> None:
+        self.watch = watch
+        self.members = members
+        self.what = what
+        self.dead: list[int] = []  # the members found dead (set once)
+        self._prober = None if probe is None or watch is None else Prober(period_s, probe, bool)
+        self._forget: Callable[[], object] | None = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Vigil:
+        if self.watch is not None:
+            self._forget = self.watch(self._heard)
+        if self._prober is not None:
+            self._prober.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._prober is not None:
+            self._prober.stop()
+        if self._forget is not None:
+            self._forget()
+
+    def check(self) -> None:
+        """Raise `BarrierFailed` naming the members found dead, if any (the main thread, between torch's calls)."""
+        if self.dead:
+            raise BarrierFailed(f"member(s) {self.dead} died while {self.what} (a roll call found them)", self.dead)
+
+    def _heard(self, dead: tuple[int, ...]) -> None:
+        found = sorted(self.members[rank] for rank in dead if rank in self.members)
+        with self._lock:
+            if not found or self.dead:
+                return
+            self.dead = found
+        alarm.sound(found, f"member(s) {found} died while {self.what}")
+        with contextlib.suppress(RuntimeError):  # (on the watcher's thread: an error here would end it)
+            abort_world_groups()

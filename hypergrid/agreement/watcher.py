@@ -11,8 +11,8 @@ watcher wakes at once, answers the roll call, reads the verdict and acts on it:
 
 - a failure (or a probe that found dead ranks): `hypergrid.binding.alarm.sound`
   ends every grid wait of its rank with ``RankFailure`` naming the dead, and
-  the callbacks registered with `Watcher.on_failure` run (``shrink`` uses them
-  to end its own waits in a world being formed);
+  the callbacks of `Watcher.on_failure` (its first failure) and of
+  `Watcher.on_dead` (each verdict naming dead: ``shrink``'s attempts) run;
 - its own rank declared dead, or on the minority side, or the incident gone
   (the others moved on without it): `hypergrid.binding.alarm.fence`.
 
@@ -119,6 +119,7 @@ class Watcher:
         self.fenced = False
         self.stopped = False
         self._callbacks: list[Callable[[Verdict], None]] = []
+        self._on_dead: list[Callable[[tuple[int, ...]], None]] = []  # `on_dead`'s, run at each verdict with dead
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"hypergrid-watcher-{world}-{rank}", daemon=True)
 
@@ -199,6 +200,18 @@ class Watcher:
                 self._callbacks.append(callback)
         if failed is not None:
             callback(failed)
+
+    def on_dead(self, callback: Callable[[tuple[int, ...]], None]) -> Callable[[], None]:
+        """Run ``callback(dead)`` (watcher's thread) at each verdict naming dead ranks; at once if any are; its undo.
+
+        ``dead``: all found dead so far. Unlike `on_failure`, at every roll call (``shrink``'s attempts use it).
+        """
+        with self._changed:
+            self._on_dead.append(callback)
+            dead = tuple(self.dead)
+        if dead:
+            callback(dead)
+        return lambda: self._on_dead.remove(callback)  # (`_handle` copies the list under the lock)
 
     # -- the thread --------------------------------------------------------------
 
@@ -315,6 +328,7 @@ class Watcher:
             if verdict.failed and self.failure is None and not verdict.excludes(self.rank):
                 self.failure = Verdict(verdict.kind, tuple(self.dead), verdict.text)
                 callbacks, self._callbacks = self._callbacks, []
+            on_dead, dead = (list(self._on_dead) if verdict.dead else []), tuple(self.dead)
             self._changed.notify_all()
         if verdict.excludes(self.rank):
             side = "on the minority side" if verdict.kind == "minority" else "declared dead"
@@ -322,6 +336,8 @@ class Watcher:
             return False
         for callback in callbacks:
             callback(self.failure)  # type: ignore[arg-type]  # set above whenever callbacks were taken
+        for each in on_dead:
+            each(dead)
         return True
 
     def _fence(self, reason: str) -> None:

@@ -15,28 +15,24 @@ over to `Recovery`:
    family, tag and ``within``/``across`` half on it. A refusal leaves the old
    grid and world as they were, and ``shrink`` may be called again.
 3. **Tear down** the old groups (never waiting on a dead peer).
-4. **Form the new world**, attempt after attempt: a watcher for it first
-   (its ranks answer its roll calls from the start), a barrier where every
-   member shows up, the default group under the new epoch's store prefix (torch's
-   wait bounded by ``timeout_s``), the families re-created (bounded alike), and
-   a commit barrier whose outcome is written once. Before the commit, the
-   members agree on the step to resume from (one all-reduce over the new
-   world: the lowest step a survivor passed, `Recovery.agree_step`) and, with
-   `hypergrid.grid.snapshots.StepSnapshots`, bring every replica to it. Once
-   the commit passes, the old world ends and its watcher's store connection
-   serves the new world's watcher (`hypergrid.agreement.world.World.take_over`:
-   no connection is opened on the way), and the member that completed the
-   commit deletes torch's rendezvous keys of every world up to it, listed
-   while every member waited in the commit (`hypergrid.binding.reform.world_keys`:
-   keys written after it, by a creation on the new world, stay). A death anywhere in an attempt ends it
-   on every member, through the old world's roll call: its verdict names the
-   dead, who join the dead set, and the next attempt forms the next epoch's
-   world from the same old layout. Retired ranks (``"drop"``)
-   only ever grow, so a rank retired by one attempt stays retired.
+4. **Form the new world**, attempt after attempt: a barrier where every member shows up, the default group under
+   the new epoch's store prefix, the families re-created, and a commit barrier whose outcome is written once. Before
+   the commit, the members agree on the step to resume from (one all-reduce over the new world: the lowest step a
+   survivor passed, `Recovery.agree_step`) and, with `hypergrid.grid.snapshots.StepSnapshots`, bring every replica
+   to it. torch's waits are bounded so that none lasts over ``timeout_s`` (gloo's wait for a member that died
+   mid-handshake is 5 times its timeout: `GLOO_WAITS`), and a `hypergrid.agreement.barrier.Vigil` ends them on
+   every member as soon as the old world's roll call finds a member dead (the first two members ask it every
+   0.5 s meanwhile). Once the commit passes, the old world ends and its watcher's store connection serves the new
+   world's watcher (`hypergrid.agreement.world.World.take_over`: no connection is opened on the way), and the
+   member that completed the commit deletes torch's rendezvous keys of every world up to it, listed while every
+   member waited in the commit (`hypergrid.binding.reform.world_keys`: keys written after it, by a creation on
+   the new world, stay). A death anywhere in an attempt ends it on every member, through the old world's roll
+   call: its verdict names the dead, who join the dead set, and the next attempt forms the next epoch's world from
+   the same old layout. Retired ranks (``"drop"``) only ever grow, so a rank retired by one attempt stays retired.
 
-Every failure that cannot be absorbed (no complete replica, a view that no
-longer fits, an attempt in which nobody new died yet not every member
-arrived) is a ``HyperGridError`` on every survivor.
+Every failure that cannot be absorbed (no complete replica, a view that no longer fits, an attempt in which nobody
+new died yet not every member arrived, torch's waits for a late member retried until they added up to ``timeout_s``)
+is a ``HyperGridError`` on every survivor.
 """
 
 from __future__ import annotations
@@ -51,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from hypergrid.agreement.barrier import Barrier, BarrierFailed
+from hypergrid.agreement.barrier import Barrier, BarrierFailed, Vigil, probe_every_s
 from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.liveness import FAILURE, ended_key
 from hypergrid.agreement.liveness import PREFIX as LIVE_PREFIX
@@ -85,6 +81,8 @@ Recreation = tuple[PgKey, dict[str, Any]]
 
 #: The step agreement's "no value" (the neutral element of its MIN), above every step.
 _NONE = MAX_STEP + 1
+#: gloo (torch 2.13) waits 5 x its timeout for a member that published its address and died before connecting.
+GLOO_WAITS = 5
 
 
 def families_digest(families: Sequence[Recreation], description: str) -> str:
@@ -130,6 +128,8 @@ class Recovery:
         self._mixed = False  # some members passed snapshots and others did not
         self.dim = "dp"
         self.rank = dist.get_rank()
+        self.slices = GLOO_WAITS if dist.get_backend() == "gloo" else 1  # torch's waits: timeout_s in that many
+        self.torch_bound_s, self.late, self.ready = timeout_s / self.slices, 0, False
         self.clock = Phases()
         self.attempts = 0
 
@@ -181,10 +181,8 @@ class Recovery:
     ) -> Regrid:
         """Tear the old world down and form the new one (attempt after attempt); this rank's `Regrid`.
 
-        The old world's watcher answers for this rank until the new world
-        holds: it is the liveness every attempt asks (the new world's watchers
-        start just before its commit, so all of them run once it passes), and
-        it ends with the old world (`Watcher.end_world`).
+        The old world's watcher answers for this rank until the new world holds: it is the liveness every attempt
+        asks (the new world's watchers start once its commit passed), and it ends with the old world (`end_world`).
         """
         grid, world = self.grid, current_world()
         old = None if world is None else world.watcher
@@ -268,14 +266,11 @@ class Recovery:
     ) -> list[str]:
         """One attempt at world ``number``: ready barrier, default group, families, step, commit (``old``: watcher).
 
-        Returns the keys of the worlds up to ``number`` to delete, on the member
-        whose arrival completed the commit (it listed them while every member
-        waited there, so none written after the commit is among them); [] on the others.
-
-        The commit barrier's verdict is the attempt's outcome on every member:
-        a member that fails on the way (a dead member found by the old world's
-        roll call, torch giving up in a bounded wait) writes the failure there
-        and raises it, as the members waiting there will.
+        Returns the keys of the worlds up to ``number`` to delete, on the member whose arrival completed the commit
+        (it listed them while every member waited there, so none written after the commit is among them); [] on the
+        others. The commit barrier's verdict is the attempt's outcome on every member: a member that fails on the
+        way (a dead member found by the old world's roll call, torch giving up in a bounded wait) writes the
+        failure there and raises it, as the members waiting there will.
 
         Raises:
             BarrierFailed: the attempt failed (its ``dead``: the attempt's ranks found dead).
@@ -299,20 +294,26 @@ class Recovery:
             # After a failed attempt, a member may still be inside torch's wait of that attempt (bounded by
             # timeout_s, begun before this rank saw the failure): it is alive and comes once torch gives up, so
             # it is waited for that long on top, never declared missing while it is on its way.
+            self.ready = False
             barrier("ready", f"forming world {number}", self.timeout_s * min(self.attempts, 2)).run()
+            self.ready = True  # (on every member alike: the barrier's outcome is written once)
             # Survivors in their old order (no spare moved in): a backend that can shrink does it in place (on the
             # first attempt only: after a failed one the old world is gone).
             kept = self.attempts == 1 and list(plan.order) == sorted(plan.order)
             excluded = [gone for gone in range(self.world) if gone not in plan.old_to_new] if kept else None
             timeout = self.grid.group_options.get("timeout")
-            # Until the commit passes, the attempt asks the old world's roll call (its watcher answers on); the new
-            # world's watcher starts on the old one's connection once the old world ended (`_watch`).
-            formed = reform_world(self.epoch, new_rank, size, timeout, excluded, number, self.timeout_s)
-            register(World(number, new_rank, size, self.epoch.base_store, namespace=formed.namespace))
-            self.clock.lap("world")
-            successor._core.recreate(self.held_by_all(families, number), self.timeout_s)
-            self.clock.lap("families")
-            self.agree_step(successor, new_rank, number)
+            # Until the commit passes, the attempt asks the old world's roll call (its watcher answers on; inside torch
+            # through the vigil); the new world's watcher starts on the old one's connection once it ended (`_watch`).
+            watch, prober = (None, None) if old is None else (old.on_dead, probe if new_rank < 2 else None)
+            with Vigil(watch, plan.old_to_new, f"forming world {number}", prober, probe_every_s(size)) as vigil:
+                formed = reform_world(self.epoch, new_rank, size, timeout, excluded, number, self.torch_bound_s)
+                register(World(number, new_rank, size, self.epoch.base_store, namespace=formed.namespace))
+                vigil.check()
+                self.clock.lap("world")
+                successor._core.recreate(self.held_by_all(families, number), self.torch_bound_s)
+                self.clock.lap("families")
+                vigil.check()
+                self.agree_step(successor, new_rank, number)
         except (HyperGridError, RuntimeError) as error:  # BarrierFailed too
             if isinstance(error, FencedError):
                 raise
@@ -327,12 +328,10 @@ class Recovery:
     def held_by_all(self, families: Sequence[Recreation], number: int) -> list[Recreation]:
         """The families to re-create in world ``number``: on a ``"local"`` grid, those every member holds.
 
-        Members-only creation commits each group alone: a death while one
-        group was made rolls the family back on that group's members, and the
-        other groups keep it. Such a grid's survivors agree on the dead without
-        comparing families (`families_digest`), and here keep the families all
-        of them hold, in their order: one all-reduce (MAX, the longest list)
-        and one all-gather of a 60-bit hash per family. Any other grid's
+        Members-only creation commits each group alone: a death while one group was made rolls the family back on
+        that group's members, and the other groups keep it. Such a grid's survivors agree on the dead without
+        comparing families (`families_digest`), and here keep the families all of them hold, in their order: one
+        all-reduce (MAX, the longest list) and one all-gather of a 60-bit hash per family. Any other grid's
         families were compared already (its failed creations roll back on every rank).
         """
         if self.grid.strategy != "local":
@@ -388,6 +387,9 @@ class Recovery:
             tear_down()
         alarm.check_fence("grid.shrink")  # this rank was declared dead by the others
         gone = [plan.order[rank] for rank in failed.dead]
+        if not gone and self.ready and self.late + 1 < self.slices:  # late in torch's wait (timeout_s / slices):
+            self.late += 1  # the same world again, until a late member was waited for timeout_s in all
+            return gone
         if not gone:
             raise RankFailure(
                 f"grid.shrink: forming world {number} failed ({failed}) and every member still answers, so the "

@@ -37,8 +37,10 @@ def test_a_sigkill_is_named_by_the_roll_call_and_every_survivor_recovers_with_60
             assert seen["recovered_s"] < 60.0, (rank, seen)
 
 
-# Two points in `make test` (one in the roll call, one in the re-creation); the other four are stress runs.
-IN_MAKE_TEST = ("decider", "recreate")
+# Four points in `make test`: one in the roll call, one in the re-creation, and (issue 31, item 8) one in the middle
+# of gloo's handshake (gloo waits 5 x its timeout there) and one stopped where the others wait in the new world's first
+# all-reduce (only the attempt's vigil ends it); the other five are stress runs.
+IN_MAKE_TEST = ("decider", "recreate", "handshake", "stop")
 SECOND_DEATHS = [p if p in IN_MAKE_TEST else pytest.param(p, marks=pytest.mark.stress) for p in recovery.POINTS]
 
 
@@ -64,6 +66,22 @@ def test_a_second_death_inside_shrink_is_absorbed(point: str) -> None:
             assert seen["keys"] == ["tp", "dp", "dp-tp"], (point, rank, seen)
     kept = [results[rank]["regrid"]["attempts"] for rank in (2, 3)]
     assert kept[0] == kept[1]  # the same worlds formed on every survivor
+
+
+@pytest.mark.timeout(180)
+def test_a_member_late_inside_torch_is_waited_for_not_left_behind() -> None:
+    """Rank 4 reaches the new world's rendezvous 3 s late: over torch's bound in a shrink (``timeout_s`` / 5 on gloo),
+    under ``timeout_s`` (6 s). Nobody is dead, so the attempt is tried again, and every survivor carries on."""
+    results: list[Any] = spawn(recovery.die_in_shrink, 6, (1, 4, "late"), timeout_s=150, allow_deaths=True)
+    assert isinstance(results[1], WorkerDeath)
+    for rank in (0, 2, 3, 4, 5):
+        seen = results[rank]
+        assert "error" not in seen, (rank, seen)
+        assert seen["regrid"]["dead"] == [1] and seen["regrid"]["retired"] == (rank == 0), (rank, seen)
+        assert seen["shrink_s"] < 6.0 + 15.0, (rank, seen)
+        if rank != 0:  # (rank 0 retired before any attempt)
+            assert seen["regrid"]["attempts"] >= 2, (rank, seen)  # the first attempt timed out on the late member
+            assert seen["world"] == 4 and seen["sum"] == 4.0, (rank, seen)
 
 
 @pytest.mark.timeout(180)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import subprocess
 import time
 from typing import Any
 
@@ -149,7 +150,7 @@ def _left_behind(out: dict[str, Any], keys: KeyRecorder, old_store: Any, base: A
 
 
 #: Where ``die_in_shrink`` kills its second victim: a point of ``Recovery`` and what to patch there.
-POINTS = ("before", "decider", "teardown", "reform", "recreate", "commit")
+POINTS = ("before", "decider", "teardown", "reform", "recreate", "handshake", "step", "stop", "commit")
 
 
 def die_in_shrink(first: int, second: int, point: str) -> dict[str, Any]:
@@ -219,6 +220,34 @@ def _arm(point: str) -> None:
         recovery.reform_world = die  # type: ignore[attr-defined]
     elif point == "recreate":
         Elastic.recreate = die  # type: ignore[method-assign]
+    elif point == "handshake":  # publishes its address for a family's group, dies before connecting to anyone
+        real_recreate = Elastic.recreate
+
+        def recreate(self: Any, *args: Any) -> None:
+            c10d.ProcessGroupGloo = lambda store, *rest, **options: real_gloo(_DyingStore(store), *rest, **options)
+            real_recreate(self, *args)
+
+        real_gloo = c10d.ProcessGroupGloo
+        Elastic.recreate = recreate  # type: ignore[method-assign]
+    elif point == "step":  # dies where the others wait in the new world's first all-reduce
+        recovery.Recovery.agree_step = die  # type: ignore[method-assign]
+    elif point == "stop":  # stopped there instead (its connections stay open): resumed 30 s later, it exits
+
+        def stop(*args: Any) -> None:
+            subprocess.Popen(["sh", "-c", f"sleep 30; kill -CONT {os.getpid()}"])
+            os.kill(os.getpid(), signal.SIGSTOP)
+            _die("exit")
+
+        recovery.Recovery.agree_step = stop  # type: ignore[method-assign]
+    elif point == "late":  # alive, but 3 s late into the new world (half of timeout_s, over torch's bound of 1.2 s)
+        real_reform = recovery.reform_world
+
+        def late_reform(*args: Any, **kwargs: Any) -> Any:
+            recovery.reform_world = real_reform  # type: ignore[attr-defined]
+            time.sleep(3.0)
+            return real_reform(*args, **kwargs)
+
+        recovery.reform_world = late_reform  # type: ignore[attr-defined]
     elif point == "commit":
         import hypergrid.agreement.barrier as barrier
 
@@ -345,3 +374,27 @@ def slow_cleaner(victim: int, delay_s: float) -> dict[str, Any]:
     regrid.grid.all_reduce(x, ["dp", "tp"])  # a new family: a guard round over the whole new world
     regrid.grid.destroy()
     return {"retired": False, "late": late[0], "sum": float(x.item()), "expected": float(size * (size - 1) // 2)}
+
+
+class _DyingStore(dist.Store):
+    """A store that passes its writes and waits on, and ends the process at the first read (of a peer's address)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def set(self, key: str, value: Any) -> None:
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        _die("exit")
+        raise AssertionError("unreachable")
+
+    def wait(self, keys: list[str], timeout: Any = None) -> None:
+        self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+
+    def add(self, key: str, value: int) -> int:
+        return int(self.inner.add(key, value))
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self.inner.check(keys))
