@@ -243,9 +243,17 @@ class Watcher:
                 self.store.delete_key(wake)  # a close's wake (the thread leaves no key behind)
         except RuntimeError as error:  # the store is gone: the job is over (or this rank is cut off)
             if not self.stopped:
-                LOGGER.debug("hypergrid watcher of world %s rank %s stops: %s", self.world, self.rank, error)
                 if alarm.is_store_loss(error):  # every grid wait of this rank ends with StoreLostError
+                    LOGGER.debug("hypergrid watcher of world %s rank %s stops: %s", self.world, self.rank, error)
                     alarm.lose_store(error)
+                else:  # never expected: said aloud, since the others will find this rank dead or a minority
+                    LOGGER.warning(
+                        "hypergrid watcher of world %s rank %s stops on an error (this rank no longer answers "
+                        "roll calls, so the others will find it dead): %r",
+                        self.world,
+                        self.rank,
+                        error,
+                    )
 
     def _sleep(self, wake: str) -> bool:
         """One blocking wait on the wake key (it returns when the key is written, or as the process resumes)."""

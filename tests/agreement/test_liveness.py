@@ -293,3 +293,20 @@ def test_a_call_wakes_many_ranks_in_bounded_multi_sets_then_says_every_rank_is_w
     assert store.sizes == [MULTI_SET_KEYS, MULTI_SET_KEYS, 5]
     assert store.writes == ["wake", "wake", "wake", "woken"]  # the closers' bound runs from the last wake
     assert MULTI_SET_KEYS <= 8192
+
+
+class _Desynced:
+    """A watcher's store whose client fails as a desynced one does ("Stop_waiting response is expected")."""
+
+    def check(self, keys: list[str]) -> bool:
+        raise RuntimeError("Stop_waiting response is expected")
+
+
+@pytest.mark.timeout(60)
+def test_a_watcher_that_stops_on_an_unexpected_error_says_so_aloud(caplog: pytest.LogCaptureFixture) -> None:
+    # Its rank no longer answers roll calls: the others will name it dead, so the log says why, above debug.
+    watcher = Watcher(_Desynced(), _Desynced(), 30, 1, 4).start()
+    assert watcher.join(10.0)
+    warned = [record for record in caplog.records if record.levelname == "WARNING"]
+    assert warned and "Stop_waiting response is expected" in warned[0].getMessage()
+    assert "world 30 rank 1" in warned[0].getMessage()
