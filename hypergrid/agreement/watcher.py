@@ -16,18 +16,15 @@ watcher wakes at once, answers the roll call, reads the verdict and acts on it:
 - its own rank declared dead, or on the minority side, or the incident gone
   (the others moved on without it): `hypergrid.binding.alarm.fence`.
 
-`Watcher.report` is what a rank calls when it sees a failure (or, with
-``probe``, when a wait lasts too long): it opens the current incident and
-returns the verdict. Nothing runs on a healthy step: the thread is blocked in
-one ``wait``, which never times out (torch logs each store wait that does).
-A stopped watcher ends when its own wake key is written, by its world's
-``close`` (`hypergrid.agreement.world.World.close`): a rank never wakes the
-others to end its own thread.
+`Watcher.report` is what a rank calls when it sees a failure (or, with ``probe``, when a wait lasts too long): it
+opens the current incident and returns the verdict. Nothing runs on a healthy step: the thread is blocked in one
+``wait``, which never times out (torch logs each store wait that does). A stopped watcher ends when its own wake key
+is written, by its world's ``close`` (`hypergrid.agreement.world.World.close`): a rank never wakes the others to end
+its own thread.
 
-A watcher belongs to its world (`hypergrid.agreement.world.World`), which starts
-it with the first grid of the world when the world has more than one rank, a
-backend other than torch's ``fake``, a store that can open a second connection
-(``Store.clone``) and ``HYPERGRID_WATCH`` is not ``0``.
+A watcher belongs to its world (`hypergrid.agreement.world.World`), which starts it with the first grid of the world
+when the world has more than one rank, a backend other than torch's ``fake``, a store that can open a second
+connection (``Store.clone``) and ``HYPERGRID_WATCH`` is not ``0``.
 """
 
 from __future__ import annotations
@@ -242,18 +239,12 @@ class Watcher:
             with contextlib.suppress(RuntimeError):
                 self.store.delete_key(wake)  # a close's wake (the thread leaves no key behind)
         except RuntimeError as error:  # the store is gone: the job is over (or this rank is cut off)
-            if not self.stopped:
-                if alarm.is_store_loss(error):  # every grid wait of this rank ends with StoreLostError
-                    LOGGER.debug("hypergrid watcher of world %s rank %s stops: %s", self.world, self.rank, error)
-                    alarm.lose_store(error)
-                else:  # never expected: said aloud, since the others will find this rank dead or a minority
-                    LOGGER.warning(
-                        "hypergrid watcher of world %s rank %s stops on an error (this rank no longer answers "
-                        "roll calls, so the others will find it dead): %r",
-                        self.world,
-                        self.rank,
-                        error,
-                    )
+            if self.stopped:
+                return
+            if alarm.is_store_loss(error):  # every grid wait of this rank ends with StoreLostError
+                alarm.lose_store(error)
+            else:  # never expected, so said aloud: its rank no longer answers roll calls, the others find it dead
+                LOGGER.warning("hypergrid watcher of world %s rank %s stops on %r", self.world, self.rank, error)
 
     def _sleep(self, wake: str) -> bool:
         """One blocking wait on the wake key (it returns when the key is written, or as the process resumes)."""
