@@ -329,7 +329,8 @@ class Incident:
         elif diagnosis.wait_for(self.store, self.key("woken"), fallback):  # (or every rank answered: `_publish`)
             # Not ``diagnosis.read`` of the verdict here: torch's ``compare_set`` of an absent key wakes its waiters.
             woken = time.monotonic()
-            until = min(fallback, woken + bound_s(0, liveness_s) + (woken - seen))
+            liveness = bound_s(0, liveness_s)  # the bound alone, no per-rank part (HYPERGRID_LIVENESS_S unless given)
+            until = min(fallback, woken + liveness + (woken - seen))
         else:
             until = fallback
         if diagnosis.wait_for(self.store, self.key("verdict"), until):
