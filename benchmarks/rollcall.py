@@ -69,18 +69,15 @@ from hypergrid.agreement.watcher import Watcher
 
 #: A watcher's store operations for one incident that it does not close, from the wake to waiting again.
 SCRIPT = (
-    "check call",  # woken: is there a call?
-    "read call",  # Incident.answer
+    "read call",  # woken: Incident.answer
     "append alive",
     "add count",
     "wait verdict",  # Incident.close (diagnosis.wait_for)
     "check verdict",
     "read verdict",
     "add read",  # Incident.conclude
-    "check next call",  # the watcher's loop
     "delete wake",
-    "check next call",
-    "wait wake",
+    "wait wake",  # the watcher's loop: the next incident's wake key
 )
 TEXT = "benchmark"
 _TIMEOUT = datetime.timedelta(seconds=900)
@@ -95,24 +92,22 @@ class _Socket:
         self.readers = readers
         prefix = incident_prefix(world, 0)
         self.prefix, self.world = prefix, world
-        call, following = f"{prefix}/call", f"{incident_prefix(world, 1)}/call"
-        self.wakes = [wake_key(world, rank) for rank in ranks]
-        self.idle = b"".join(wire.check([call]) + wire.delete_key(wake) + wire.check([call]) for wake in self.wakes)
-        self.idle += wire.wait(self.wakes)
+        call = f"{prefix}/call"
+        self.wakes = [wake_key(world, 0, rank) for rank in ranks]
+        self.following = [wake_key(world, 1, rank) for rank in ranks]  # what each waits on once it read the verdict
+        self.idle = wire.check([call]) + wire.wait(self.wakes)  # (the check's answer: the server read the wait)
         self.answer = b"".join(
-            wire.check([call])
-            + wire.compare_set(call, ABSENT, ABSENT)
+            wire.compare_set(call, ABSENT, ABSENT)
             + wire.append(f"{prefix}/alive", f"{rank}\n")
             + wire.add(f"{prefix}/count", 1)
             for rank in ranks
         )
+        verdict = f"{prefix}/verdict"
         self.conclude = [
-            wire.check([f"{prefix}/verdict"])
-            + wire.compare_set(f"{prefix}/verdict", ABSENT, ABSENT)
+            wire.check([verdict])
+            + wire.compare_set(verdict, ABSENT, ABSENT)
             + wire.add(f"{prefix}/read", 1)
-            + wire.check([following])
             + wire.delete_key(wake)
-            + wire.check([following])
             for wake in self.wakes
         ]
         self.woken = self.woken_at = self.answered = 0.0
@@ -123,9 +118,9 @@ class _Socket:
         self.last_reader = False
 
     def go_idle(self) -> None:
-        """Before the call: each rank looks for a call, deletes its wake key, looks again and waits (blocking)."""
+        """Before the call: the ranks wait on their wake keys (one blocking wait for all of this connection's)."""
         self.sock.sendall(self.idle)
-        wire.receive(self.sock, len(self.ranks) * (wire.FLAG + wire.INT + wire.FLAG))
+        wire.receive(self.sock, wire.FLAG)
 
     def steps(self, call_size: int) -> Generator[tuple[bytes, int], bytes, None]:
         """The incident, as (bytes to send, size of the answer to read next); each answer is sent back in.
@@ -136,7 +131,7 @@ class _Socket:
         """
         yield b"", wire.FLAG  # the wake (the caller's multi_set)
         self.woken, self.woken_at = time.monotonic(), time.time()
-        per = wire.FLAG + wire.INT + call_size + wire.INT
+        per = wire.INT + call_size + wire.INT  # the call, the count
         data = yield self.answer, len(self.ranks) * per
         self.answered = time.time()
         self.orders = [struct.unpack_from("<q", data, at + per - wire.INT)[0] for at in range(0, len(data), per)]
@@ -146,10 +141,10 @@ class _Socket:
             return
         yield wire.wait([f"{self.prefix}/verdict"]), wire.FLAG
         conclude = b"".join(self.conclude[index] for index in waiting)
-        conclude += wire.wait([self.wakes[index] for index in waiting])  # idle again (never answered here)
+        conclude += wire.wait([self.following[index] for index in waiting])  # idle again (never answered here)
         head = yield conclude, wire.FLAG + wire.INT  # the check's answer, then the verdict's length
         size = struct.unpack_from("<Q", head, wire.FLAG)[0]
-        per = wire.FLAG + wire.INT + size + wire.INT + wire.FLAG + wire.INT + wire.FLAG
+        per = wire.FLAG + wire.INT + size + wire.INT + wire.INT
         data = head + (yield b"", len(waiting) * per - len(head))
         self.heard = time.time()
         at_verdict = wire.FLAG + wire.INT
@@ -157,7 +152,7 @@ class _Socket:
             self.verdicts.add(data[at + at_verdict : at + at_verdict + size])
             self.last_reader |= struct.unpack_from("<q", data, at + at_verdict + size)[0] >= self.readers
         if self.last_reader:  # Incident.conclude's clean-up
-            keys = [f"{self.prefix}/{name}" for name in INCIDENT_KEYS] + [wake_key(self.world, self.readers)]
+            keys = [f"{self.prefix}/{name}" for name in INCIDENT_KEYS] + [wake_key(self.world, 0, self.readers)]
             yield b"".join(wire.delete_key(key) for key in keys), len(keys) * wire.INT
 
 
@@ -171,11 +166,7 @@ def _close(port: int, one: _Socket, index: int, call: str, results: list[Any]) -
     closed = time.time()
     if verdict is not None:
         incident.conclude(verdict)
-    following = f"{incident_prefix(one.world, 1)}/call"  # the watcher's loop, as for every rank (`SCRIPT`)
-    store.check([following])
-    store.delete_key(wake_key(one.world, one.ranks[index]))
-    store.check([following])
-    store.ops += 1  # and its wait on the wake key (not sent: this connection closes)
+    store.ops += 1  # the watcher's loop: its wait on the next wake key (not sent: this connection closes)
     results.append((time.time(), None if verdict is None else verdict.encode().encode(), store.ops, closed))
 
 
@@ -281,10 +272,8 @@ def roll_call(server: Any, participants: int, processes: int, connections: int, 
     ops = [watcher.store.ops - b for watcher, b in zip(watchers, before)] + [
         o for f in figures for o in f["closer_ops"]
     ]
-    for rank, watcher in enumerate(watchers):
-        watcher.stop()
-        watcher.side.set(wake_key(world, rank), "close")
-        watcher.join(10.0)
+    for watcher in watchers:
+        watcher.halt(watcher.side, 10.0)
     expected = Verdict(FAILURE, (participants,), TEXT).encode()
     seen = {v for f in figures for v in f["verdicts"]} | {w.verdicts[0].encode() for w in watchers if 0 in w.verdicts}
     named = {rank for text in seen for rank in Verdict.decode(text.encode()).dead}
@@ -330,7 +319,8 @@ def run(sizes: list[int], processes: int, connections: int, repeats: int) -> lis
             sample = roll_call(server, size, processes, connections, world)
             left = server.num_keys() - baseline
             if left:
-                raise RuntimeError(f"the roll call of {size} left {left} keys in the store")
+                named = sorted(server.list_keys())[:20]
+                raise RuntimeError(f"the roll call of {size} left {left} keys in the store, e.g. {named}")
             progress(f"# roll call {size:>7} participants, {repeat + 1}: {sample['seconds']:.3f} s")
             samples.append(sample)
         row = dict(samples[0])

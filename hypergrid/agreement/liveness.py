@@ -1,7 +1,7 @@
 """Who is alive, settled once for the whole world: the roll call behind every failure, O(1) store operations each.
 
-Every rank runs a watcher (`hypergrid.agreement.watcher`) that waits on the
-call key of the world's next *incident*. A rank that sees a failure (a peer's
+Every rank runs a watcher (`hypergrid.agreement.watcher`) that waits on its
+wake key of the world's next *incident*. A rank that sees a failure (a peer's
 connection closed, a collective error, a wait that lasts too long) *calls* the
 incident; every watcher wakes, answers for its rank (even while its main
 thread is blocked in a collective), and the incident closes with a verdict
@@ -13,8 +13,10 @@ declared dead while its watcher answers, and the survivors always agree (one
 Keys of incident ``k`` of world ``w`` (``I = hypergrid/live/<w>/<k>``):
 
 - ``I/call``: ``failure <text>`` or ``probe <text>`` (the first caller wins);
+- ``I/wake/<rank>``: what ``rank``'s watcher blocks on (`wake_key`), written by the caller, deleted by its rank;
 - ``I/alive``: one line per answer (read only when someone did not answer);
-- ``I/woken``: written by the caller once every rank's wake key is (the closers' bound runs from here);
+- ``I/woken``: written by the caller once every rank's wake key is (the closers' bound runs from here, and no
+  rank deletes its wake key before it: see `wake_key`);
 - ``I/count``: the answers so far;
 - ``I/verdict``: JSON ``{"kind", "dead", "text"}``, or ``{"kind": "minority", "alive"}``;
 - ``I/read``: how many live ranks read the verdict; the last deletes every key.
@@ -45,14 +47,13 @@ A world that a shrink ended keeps one record (`ended_key`: the ranks left
 behind), so a rank stopped through the whole shrink, whose wake key and calls
 were deleted meanwhile, learns it whenever it resumes.
 
-Per rank and incident, from its wake to its next wait (`Watcher`'s loop
-included): look for the call, read it, append, count, wait, look for the
-verdict, read it, count the read, look for the next call, delete the wake
-key, look again, wait: 12 store operations, whatever the number of ranks (a
-closer adds its wait for ``I/woken``, the left list's and the roster's reads
-and the verdict; the last reader 6 deletes). The caller writes every wake key
-in one ``multi_set`` per `MULTI_SET_KEYS` ranks, then ``I/woken``. The closer finds the dead in one pass over the
-roster (a set), linear in the number of ranks.
+Per rank and incident, from its wake to its next wait: read the call,
+append, count, wait, look for the verdict, read it, count the read, delete
+its wake key, wait on the next incident's: 9 store operations, whatever the
+number of ranks (a closer adds its wait for ``I/woken``, the left list's and
+the roster's reads and the verdict; the last reader 7 deletes). The caller
+writes the wake keys in one ``multi_set`` per `MULTI_SET_KEYS` ranks. The
+closer finds the dead in one pass over the roster (a set).
 """
 
 from __future__ import annotations
@@ -87,10 +88,9 @@ FAILURE, PROBE = "failure", "probe"
 PER_RANK_S = 1e-4
 #: How much longer than the first two answers the others wait before they close a roll call themselves.
 BACKUP_S = 5.0
-#: Wake keys per ``multi_set``: torch 2.13's server parses one in time quadratic in its keys (8.6 s for 65,536,
-#: 61 s for 131,072), and drops the connection beyond 131,072. 131,072 keys in chunks of 4,096: 1.13 s; of 1,024:
-#: 0.43 s; of 256: 0.31 s (the linear part). 1,024: 128 operations for the caller at 131,072.
-MULTI_SET_KEYS = 1024
+#: Wake keys per ``multi_set``: torch 2.13's server parses one in time quadratic in its keys (61 s for 131,072,
+#: its limit). 131,072 keys in chunks of 4,096: 1.13 s; of 1,024: 0.43 s; of 256: 0.31 s (the linear part).
+MULTI_SET_KEYS = 256
 
 
 #: The keys of an incident, in the order its last reader deletes them (the call before ``woken``: see `Incident.call`).
@@ -151,18 +151,22 @@ def incident_prefix(world: int, number: int) -> str:
     return f"{PREFIX}/{world}/{number}"
 
 
-def wake_key(world: int, rank: int) -> str:
-    """The key ``rank``'s watcher in world ``world`` blocks on: written for it by a call, or by its own close.
+def wake_key(world: int, number: int, rank: int) -> str:
+    """The key ``rank``'s watcher in world ``world`` blocks on while it waits for incident ``number``.
 
-    Each watcher waits on a key of its own, so that its rank can wake it alone
-    (to close it before the interpreter exits) without waking the world; a
-    call writes the wake keys of every expected rank in one ``multi_set``.
+    A key of its own, so that its rank can wake it alone (to close it before the interpreter exits). The key is
+    the incident's: the watcher deletes it once it read the verdict (`Incident.conclude`) and waits on the next
+    incident's at once, which a call written meanwhile has set already (no look, delete and look again).
+
+    Never deleted before the caller's ``I/woken``: torch 2.13's server applies the first keys of a ``multi_set``
+    that reaches it in parts once per part (1 of 20 deletions made while a 1,024-key ``multi_set`` arrived was
+    undone). A verdict is published after ``I/woken`` (`Incident.close`); an end's reader waits for it.
 
     Examples:
-        >>> wake_key(0, 3)
-        'hypergrid/live/0/wake/3'
+        >>> wake_key(0, 2, 3)
+        'hypergrid/live/0/2/wake/3'
     """
-    return f"{PREFIX}/{world}/wake/{rank}"
+    return f"{incident_prefix(world, number)}/wake/{rank}"
 
 
 def bound_s(ranks: int, liveness_s: float | None = None) -> float:
@@ -262,8 +266,9 @@ class Incident:
 
         The rank whose call opened the incident writes the wake keys
         (`wake_key`) of ``wake`` (`wake`): one store operation per
-        `MULTI_SET_KEYS` ranks; then, for a roll call, ``I/woken``: every rank
-        is woken, so the closers' bound runs from here (`close`). Written
+        `MULTI_SET_KEYS` ranks; then ``I/woken``: every rank is woken, so the
+        closers' bound runs from here (`close`), and a rank may delete its
+        wake key (not before: see `wake_key`). Written
         after the incident ended (every rank answered and read the verdict
         first), it is deleted again: the last reader deletes the call before
         ``woken``, so one of the two deletions finds it.
@@ -272,34 +277,32 @@ class Incident:
         current: bytes = self.store.compare_set(self.key("call"), "", mine)
         if wake and current == mine.encode():
             self.wake(wake)
-            if not mine.startswith(END):  # an end is read, not closed: nothing waits for its wake
-                self.store.set(self.key("woken"), "")
-                if not self.store.check([self.key("call")]):
-                    self.store.delete_key(self.key("woken"))
+            self.store.set(self.key("woken"), "")
+            if not self.store.check([self.key("call")]):
+                self.store.delete_key(self.key("woken"))
         return current.decode()
 
     def wake(self, ranks: Sequence[int]) -> None:
         """Write the wake keys of ``ranks`` in this incident's world: one ``multi_set`` per `MULTI_SET_KEYS`."""
-        keys = [wake_key(self.world, rank) for rank in ranks]
+        keys = [self.key(f"wake/{rank}") for rank in ranks]
         for start in range(0, len(keys), MULTI_SET_KEYS):
             chunk = keys[start : start + MULTI_SET_KEYS]
             self.store.multi_set(chunk, [self.prefix] * len(chunk))
 
     def answer(self) -> str | None:
-        """Answer the roll call for this rank; the call, or None where the world went on without this rank.
+        """Answer the roll call for this rank; the call, or None where there is none.
 
         None when the call is gone (the live ranks read the verdict and deleted
-        it); an ``end`` call (`end_text`) is returned as it is, unanswered.
+        it: the world went on without this rank) or was never written (a wake
+        by the rank's own close); an ``end`` call (`end_text`) is returned as
+        it is, unanswered.
         """
         data = diagnosis.read(self.store, self.key("call"))
-        if data is None:
-            return None
-        if data.startswith(END.encode()):
-            return data.decode()  # not a roll call: the world ended (`end_text`)
-        self.store.append(self.key("alive"), f"{self.rank}\n")
-        self._order = self.store.add(self.key("count"), 1)
-        self._complete = self._order >= len(self.expected)
-        return data.decode()
+        if data is not None and not data.startswith(END.encode()):  # an end is not a roll call (`end_text`)
+            self.store.append(self.key("alive"), f"{self.rank}\n")
+            self._order = self.store.add(self.key("count"), 1)
+            self._complete = self._order >= len(self.expected)
+        return None if data is None else data.decode()
 
     def close(self, call: str, seen: float, liveness_s: float | None = None) -> Verdict | None:
         """The verdict: published here when this answer completed the roll call or at the deadline; None if gone.
@@ -321,12 +324,13 @@ class Incident:
         answered: a rank that answers before it is never named dead.
         """
         kind, _, text = call.partition(" ")
-        if self._complete:
-            return self._publish(Verdict(kind, (), text))
         fallback = seen + bound_s(len(self.expected), liveness_s)
+        if self._complete:  # published after the wake's end (`wake_key`), which every answer needed anyway
+            diagnosis.wait_for(self.store, self.key("woken"), fallback)
+            return self._publish(Verdict(kind, (), text))
         if self._order > 2:
             until = fallback + BACKUP_S
-        elif diagnosis.wait_for(self.store, self.key("woken"), fallback):  # (or every rank answered: `_publish`)
+        elif diagnosis.wait_for(self.store, self.key("woken"), fallback):
             # Not ``diagnosis.read`` of the verdict here: torch's ``compare_set`` of an absent key wakes its waiters.
             woken = time.monotonic()
             liveness = bound_s(0, liveness_s)  # the bound alone, no per-rank part (HYPERGRID_LIVENESS_S unless given)
@@ -356,12 +360,20 @@ class Incident:
             self.store.delete_key(self.left_key)
             self.store.delete_key(f"{self.left_key}-count")
 
-    def read_end(self, call: str) -> tuple[int, ...]:
-        """This rank read the world's end (`end_text`): count it; the last reader deletes the call. The dead."""
+    def read_end(self, call: str, deadline: float) -> tuple[int, ...]:
+        """This rank read the world's end (`end_text`): count it; the last reader deletes the call. The dead.
+
+        Its wake key is deleted once the caller's ``I/woken`` is there (or at ``deadline``, ``time.monotonic()``:
+        a caller that died while it woke the others), not before (`wake_key`).
+        """
         dead, readers = json.loads(call[len(END) :])[:2]
-        if self.rank not in dead and self.store.add(self.key("read"), 1) >= readers:
-            self.store.delete_key(self.key("call"))
-            self.store.delete_key(self.key("read"))
+        if self.rank in dead:
+            return tuple(dead)
+        diagnosis.wait_for(self.store, self.key("woken"), deadline)
+        self.store.delete_key(self.key(f"wake/{self.rank}"))
+        if self.store.add(self.key("read"), 1) >= readers:
+            for name in ("call", "woken", "read"):
+                self.store.delete_key(self.key(name))
         return tuple(dead)
 
     def conclude(self, verdict: Verdict) -> None:
@@ -369,19 +381,18 @@ class Incident:
         if self.rank in verdict.dead:
             return  # a rank declared dead takes no part in the clean-up (the others may be done already)
         readers = len(verdict.alive) if verdict.kind == "minority" else len(self.expected) - len(verdict.dead)
-        if self.store.add(self.key("read"), 1) >= readers:
+        last = self.store.add(self.key("read"), 1) >= readers
+        self.store.delete_key(self.key(f"wake/{self.rank}"))  # after I/woken: the verdict came after it (`close`)
+        if last:
             for name in INCIDENT_KEYS:
                 self.store.delete_key(self.key(name))
             for rank in verdict.dead:  # the dead never delete the wake key the call wrote for them
-                self.store.delete_key(wake_key(self.world, rank))
+                self.store.delete_key(self.key(f"wake/{rank}"))
 
     def _publish(self, verdict: Verdict) -> Verdict:
         text = verdict.encode()
         current: bytes = self.store.compare_set(self.key("verdict"), "", text)
-        if current != text.encode():
-            return Verdict.decode(current)
-        self.store.set(self.key("woken"), "")  # a closer still waiting for the wake (`close`) hears the verdict
-        return verdict
+        return verdict if current == text.encode() else Verdict.decode(current)
 
 
 def _ranks(data: bytes | None) -> list[int]:

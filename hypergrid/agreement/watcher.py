@@ -1,13 +1,10 @@
 """Each rank's watcher: one thread, blocked on one store key, that answers for its rank and spreads failure news.
 
-The thread waits on its rank's wake key (`hypergrid.agreement.liveness.wake_key`)
-on a store connection of its own (a store client serves one call at a time,
-and the main thread's may be blocked); `Watcher.side` serves short calls from
-other threads (reports, probes, a barrier failed from outside: the
-`hypergrid.agreement.world.CallStore` of its world). When any rank calls the
-world's next incident, the caller writes every expected rank's wake key
-(one ``multi_set`` per `hypergrid.agreement.liveness.MULTI_SET_KEYS` keys); every
-watcher wakes at once, answers the roll call, reads the verdict and acts on it:
+The thread waits on its rank's wake key for the next incident (`hypergrid.agreement.liveness.wake_key`) on a store
+connection of its own (a store client serves one call at a time, and the main thread's may be blocked);
+`Watcher.side` serves short calls from other threads (reports, probes, a barrier failed from outside). When any rank
+calls the world's next incident, it writes every expected rank's wake key; every watcher wakes at once, answers the
+roll call, reads the verdict and acts on it:
 
 - a failure (or a probe that found dead ranks): `hypergrid.binding.alarm.sound`
   ends every grid wait of its rank with ``RankFailure`` naming the dead, and
@@ -19,8 +16,8 @@ watcher wakes at once, answers the roll call, reads the verdict and acts on it:
 `Watcher.report` is what a rank calls when it sees a failure (or, with ``probe``, when a wait lasts too long): it
 opens the current incident and returns the verdict. Nothing runs on a healthy step: the thread is blocked in one
 ``wait``, which never times out (torch logs each store wait that does). A stopped watcher ends when its own wake key
-is written, by its world's ``close`` (`hypergrid.agreement.world.World.close`): a rank never wakes the others to end
-its own thread.
+is written, by `Watcher.halt` (its world's ``close``, `hypergrid.agreement.world.World.close`): a rank never wakes
+the others to end its own thread.
 
 A watcher belongs to its world (`hypergrid.agreement.world.World`), which starts it with the first grid of the world
 when the world has more than one rank, a backend other than torch's ``fake``, a store that can open a second
@@ -126,20 +123,35 @@ class Watcher:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """Stop answering (this rank leaves the world); the thread ends at its next wake-up."""
-        with self._changed:
+    def stop(self) -> str:
+        """Stop answering (this rank leaves the world); the thread ends at its next wake-up. The key that wakes it."""
+        with self._changed:  # (`_handle` moves to the next incident under it: the thread waits on this key, or stops)
             self.stopped = True
             self._changed.notify_all()
+            return wake_key(self.world, self.number, self.rank)
+
+    def halt(self, store: Any, timeout_s: float) -> bool:
+        """Stop, wake the thread with its own wake key (no other rank's) and join it; whether it ended in time.
+
+        ``store``: a connection other than the thread's (the world's call store). The key written is deleted
+        again once the thread ended; a store already gone (the thread ended on its own) is not an error.
+        """
+        key = self.stop()
+        if not self.join(0.0):
+            with contextlib.suppress(RuntimeError):
+                store.set(key, "close")
+            if not self.join(timeout_s):
+                return False
+            with contextlib.suppress(RuntimeError):
+                store.delete_key(key)
+        return True
 
     def join(self, timeout_s: float) -> bool:
         """Wait until the (stopped) thread ended; whether it did within ``timeout_s``.
 
-        A thread still blocked in the store when the process exits is harmless,
-        unless its key is written while the interpreter finalizes: the thread
-        then wakes into a torch frame that cannot unwind, and the process ends
-        with ``std::terminate``. A rank that leaves a world with the others
-        (``shrink``) therefore waits here until the world's end pulse woke it.
+        A thread still blocked in the store when the process exits is harmless, unless its key is written while the
+        interpreter finalizes: it then wakes into a torch frame that cannot unwind (``std::terminate``). A rank that
+        leaves a world with the others (``shrink``) therefore waits here until the world's end woke it.
         """
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
@@ -155,14 +167,11 @@ class Watcher:
     def end_world(self, dead: Sequence[int], size: int) -> None:
         """This rank's world of ``size`` ranks ended (``shrink`` moved its live ranks on, ``dead`` left behind).
 
-        Writes the end (`hypergrid.agreement.liveness.end_text`) as the call
-        of the incident every live watcher waits on, after any probe still
-        open there: each reads it and stops, the last deletes it; a rank that
-        ``dead`` names (alive, but excluded) fences itself. Every survivor may
-        call it: the first write counts. Before it, the world's record of its
-        end (`hypergrid.agreement.liveness.ended_key`), which stays: a rank it
-        names that was stopped meanwhile reads it whenever it resumes
-        (`excluded`).
+        Writes the end (`hypergrid.agreement.liveness.end_text`) as the call of the incident every live watcher
+        waits on, after any probe still open there: each reads it and stops, the last deletes it; a rank that
+        ``dead`` names (alive, but excluded) fences itself. Every survivor may call it: the first write counts.
+        Before it, the world's record of its end (`hypergrid.agreement.liveness.ended_key`), which stays: a rank
+        it names that was stopped meanwhile reads it whenever it resumes (`excluded`).
         """
         text = end_text(dead, size, self.rank)
         if dead:  # written before the end: a rank it names finds it even once the end's call is deleted
@@ -213,31 +222,17 @@ class Watcher:
     # -- the thread --------------------------------------------------------------
 
     def _run(self) -> None:
-        wake = wake_key(self.world, self.rank)
-        woken = False
         try:
             while not self.stopped:
-                prefix = incident_prefix(self.world, self.number)
-                # Look for the call; without one, delete the wake key, look again, then wait: a call written after
-                # the second look sets the wake key again, so none is missed (a wake with no call, e.g. a second
-                # caller's, loops once). A woken rank that finds its call deletes nothing: one operation less.
-                call = f"{prefix}/call"
-                if not self.store.check([call]):
-                    self.store.delete_key(wake)
-                    if not self.store.check([call]):
-                        # Woken without a call: a late wake, or the world ended while this rank was stopped (the
-                        # others read the call and deleted it, with this rank's wake key): its record says which.
-                        if woken and self._left_behind(self.store):
-                            break
-                        woken = self._sleep(wake)
-                        continue
-                if self.stopped:
+                # The next incident's wake key: a call written before this wait has set it already (the wait
+                # returns), so none is missed; `_handle` moves ``number`` on under the lock `stop` reads it under.
+                wake = wake_key(self.world, self.number, self.rank)
+                if not self._sleep(wake):
+                    continue
+                if self.stopped:  # a close's wake (`halt` deletes it), or this rank's own call (`depart`: it is dead)
                     break
-                if not self._handle(prefix):
+                if not self._handle(incident_prefix(self.world, self.number)):
                     break
-                woken = False  # back to waiting after an incident: its wake was this one's, not a late one
-            with contextlib.suppress(RuntimeError):
-                self.store.delete_key(wake)  # a close's wake (the thread leaves no key behind)
         except RuntimeError as error:  # the store is gone: the job is over (or this rank is cut off)
             if self.stopped:
                 return
@@ -247,12 +242,13 @@ class Watcher:
                 LOGGER.warning("hypergrid watcher of world %s rank %s stops on %r", self.world, self.rank, error)
 
     def _sleep(self, wake: str) -> bool:
-        """One blocking wait on the wake key (it returns when the key is written, or as the process resumes)."""
+        """One blocking wait on the wake key: whether it was written (False: the slice ended first)."""
         try:
             self.store.wait([wake], datetime.timedelta(seconds=self.slice_s))
-        except RuntimeError as error:  # the slice ended (DistStoreError); a lost store ends the thread
-            if alarm.is_store_loss(error):
+        except RuntimeError as error:  # the slice ended ("wait timeout"); any other error ends the thread (`_run`)
+            if alarm.is_store_loss(error) or "timeout" not in str(error):
                 raise
+            return False
         return True
 
     def _left_behind(self, store: Any) -> bool:
@@ -266,9 +262,8 @@ class Watcher:
     def excluded(self) -> bool:
         """Whether the others ended this world without this rank (it is fenced then); one store read.
 
-        What `hypergrid.binding.alarm` asks once the world failed, before it
-        raises ``RankFailure``: a rank stopped through the others' whole shrink
-        gets ``FencedError`` on its first call after it resumes.
+        What `hypergrid.binding.alarm` asks once the world failed, before it raises ``RankFailure``: a rank stopped
+        through the others' whole shrink gets ``FencedError`` on its first call after it resumes.
         """
         if self.fenced:
             return True
@@ -277,9 +272,8 @@ class Watcher:
     def depart(self, text: str) -> None:
         """This rank's process ends on an error: stop answering, then call a roll call that finds it gone.
 
-        The others' waits end at once with ``RankFailure`` naming this rank
-        (its watcher no longer answers), instead of waiting for a rank that
-        left without saying so (a worker that raised under ``hypergrid.run``).
+        The others' waits end at once with ``RankFailure`` naming this rank (its watcher no longer answers),
+        instead of waiting for a rank that left without saying so (a worker that raised under ``hypergrid.run``).
         """
         with self._changed:
             if self.stopped or self.fenced:
@@ -300,8 +294,15 @@ class Watcher:
         with self._changed:  # from here on a report joins this incident or calls the next
             self._answered = self.number
         call = incident.answer()
-        if call is not None and call.startswith(END):
-            dead = incident.read_end(call)
+        if call is None:  # woken, and no call: the others finished it without this rank, or ended the world
+            self.store.delete_key(wake_key(self.world, self.number, self.rank))
+            if not self._left_behind(self.store):  # (the world's end names it: fenced there)
+                self._fence(
+                    f"world {self.world} went on without this rank (incident {self.number} ended without its answer)"
+                )
+            return False
+        if call.startswith(END):
+            dead = incident.read_end(call, seen + bound_s(len(self.expected), self.liveness_s))
             with self._changed:
                 self.end_dead = dead
             if self.rank in dead:
@@ -309,7 +310,7 @@ class Watcher:
             else:
                 self.stop()
             return False
-        verdict = None if call is None else incident.close(call, seen, self.liveness_s)
+        verdict = incident.close(call, seen, self.liveness_s)
         if verdict is None:
             self._fence(
                 f"world {self.world} went on without this rank (incident {self.number} ended without its answer)"

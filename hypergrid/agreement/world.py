@@ -41,7 +41,6 @@ Examples:
 from __future__ import annotations
 
 import atexit
-import contextlib
 import gc
 import sys
 import threading
@@ -50,7 +49,6 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.agreement.liveness import wake_key
 from hypergrid.agreement.watcher import Verdict, Watcher, watching_enabled
 from hypergrid.binding import alarm
 from hypergrid.binding.failures import abort_world_groups
@@ -182,11 +180,7 @@ class World:
                 watcher.join(JOIN_S)  # the call woke it: it ends on its own
             elif leave:
                 watcher.leave()
-            watcher.stop()
-            if not watcher.join(0.0):
-                with contextlib.suppress(RuntimeError):  # the store is gone: the thread ended on its own
-                    self.calls.set(wake_key(self.number, self.rank), "close")
-                watcher.join(JOIN_S)
+            watcher.halt(self.calls, JOIN_S)
         self._link = None
         self.calls.close()
 

@@ -50,9 +50,7 @@ def test_on_dead_runs_at_every_verdict_naming_dead_not_only_the_first_failure(se
     assert watchers[0].report(FAILURE, "a peer's connection closed") is not None
     time.sleep(0.3)
     assert heard == [(3,)] and failures == [(3,)]
-    watchers[2].stop()  # rank 2 stops answering
-    watchers[2].side.set(f"hypergrid/live/{world}/wake/2", "close")
-    assert watchers[2].join(5.0)
+    assert watchers[2].halt(watchers[2].side, 5.0)  # rank 2 stops answering
     assert watchers[0].report(PROBE, "a long wait") is not None
     time.sleep(0.3)
     assert heard == [(3,), (2, 3)] and failures == [(3,)]  # on_failure: once; on_dead: at each verdict

@@ -301,6 +301,6 @@ def fenced_inside_a_receive() -> dict[str, Any]:
     if rank == 2:
         time.sleep(0.5)  # rank 1 is inside its receive by then
         store.set(ended_key(0), json.dumps([1]))
-        store.set(wake_key(0, 1), "1")
+        store.set(wake_key(0, 0, 1), "1")
     store.wait(["test/fence/done"], datetime.timedelta(seconds=60))
     return out
