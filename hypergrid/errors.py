@@ -59,18 +59,17 @@ class RankError(HyperGridError, ValueError):
     """A rank or coordinate is outside the grid, or not an integer."""
 
 
-class GroupExistsError(HyperGridError, KeyError):
-    """A process group for this combination of dims was already created."""
-
+class _UnquotedKeyError(HyperGridError, KeyError):
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
 
 
-class GroupNotFoundError(HyperGridError, KeyError):
-    """No process group was created for this combination of dims."""
+class GroupExistsError(_UnquotedKeyError):
+    """A process group for this combination of dims was already created."""
 
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
+
+class GroupNotFoundError(_UnquotedKeyError):
+    """No process group was created for this combination of dims."""
 
 
 class WorldSizeError(HyperGridError, ValueError):
@@ -81,11 +80,8 @@ class GridTooLargeError(WorldSizeError, RuntimeError):
     """The grid needs more ranks than the world has (a ``RuntimeError`` too, as Megatron-Core raises)."""
 
 
-class ViewNotFoundError(HyperGridError, KeyError):
+class ViewNotFoundError(_UnquotedKeyError):
     """A ``view=`` names no registered view."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 class BackendError(HyperGridError, ValueError):

@@ -1,16 +1,8 @@
 """``Facet``: the base of the grid's facet objects, and what they may use of the grid's core.
 
-``HyperCommGrid`` (``hypergrid.grid``) is a front over a typed core
-(``hypergrid.grid.core.GridCore``: the registry, the pool, the views, the
-guard's ledger, every piece of a grid's state) and its capabilities —
-per-family getters, views, node awareness, DeviceMesh export, collectives,
-pipeline helpers, guarded creation, shrink — each in a module of its own: a
-facet object (a `Facet`, made over the grid's core by
-``hypergrid.grid.front.FacetFront``, the grid's base whose methods delegate to
-it). A facet holds no state; it uses its own members, the grid's public ones,
-``Facet``'s and the functions here, and the core through ``_core``, typed as `FacetCore`: what it
-declares is all a facet may use of the core (mypy and ``tests/layering.py``
-check it; ``GridCore`` satisfies it).
+A facet (one capability of ``HyperCommGrid``, made over its core ``hypergrid.grid.core.GridCore`` by
+``hypergrid.grid.front.FacetFront``) holds no state and uses of the core only what `FacetCore` declares (mypy and
+``tests/layering.py`` check it); see docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -8,20 +8,12 @@ base))``, where ``base`` is the store of the epoch-0 world. That store must
 outlive every worker: ``hypergrid.spawn`` hosts it in the parent process and
 torchrun in its agent; a ``TCPStore`` hosted by rank 0 dies with rank 0.
 
-On a backend that can shrink (NCCL >= 2.27 through ``torch.distributed.shrink_group``,
-torch >= 2.13), a shrink that keeps the survivors in their old order (no spare
-takes a dead rank's place) shrinks the default communicator instead
-(``ncclCommShrink``, aborting what was in flight); the store stays the same.
-gloo cannot (``supports_shrinking`` is False): it re-forms as above.
+On a backend that can shrink (`can_shrink`: NCCL's ``shrink_group``), a shrink that keeps the survivors in their
+old order shrinks the default communicator instead; docs/elastic.md ("NCCL's shrink_group") says when.
 
-torch's rendezvous writes its keys under that prefix (gloo: each member's
-address for every group formed on the world, ``<group>//<device>//<i>/<rank>``)
-and never deletes them. Once every member of a new world committed (it is past
-forming the world and re-creating the families), the member that completed
-the commit deletes every key the worlds up to it held while every member
-waited there (`world_keys`, listed before it wrote the commit's outcome, then
-`forget_keys`): no member reads them again, and keys written on the new world
-after its commit (a guard round, a new group) are not among them.
+torch's rendezvous keys under that prefix, which torch never deletes, are deleted once a new world committed: the
+member that completed the commit lists them while every member waits there (`world_keys`) and deletes that list
+(`forget_keys`); docs/elastic.md says why the list is taken at the commit.
 """
 
 from __future__ import annotations

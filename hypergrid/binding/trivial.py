@@ -1,15 +1,9 @@
 """Families that need no new communicator: groups of one rank, and one group that is the whole world.
 
-A family whose every group holds one rank gets, on each member, a group of
-torch's ``"fake"`` backend over that rank alone: created locally (no store, no
-other rank), it runs every collective as the identity, which is what a
-collective over one rank computes. A family that is one group of every rank of
-the world is the default group itself. Both apply only to a family created
-with the default group's backend, no tag and no ``timeout`` or ``pg_options`` of
-its own: a family asked for with any of those (a tag asks for a separate
-communicator) gets real groups of its own, as before; so does a whole-world
-family given a ``group_desc`` (the default group keeps its own label). In a
-world of one rank the default group serves both kinds.
+A family whose every group holds one rank gets a local group of torch's ``"fake"`` backend (every collective the
+identity); a family that is one group of every rank of the world is the default group itself; docs/communicators.md
+says which families qualify (the default group's backend, no tag, no options of their own). In a world of one rank
+the default group serves both kinds.
 
 Examples:
     >>> from hypergrid.layout.economy import PartitionSignature

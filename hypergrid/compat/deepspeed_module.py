@@ -1,21 +1,11 @@
 """DeepSpeed's ``PipelineModule`` on hypergrid's grid: the supported hook.
 
-DeepSpeed's ``PipelineModule`` always builds DeepSpeed's own
-``PipelineParallelGrid`` (a module-level name of ``deepspeed.runtime.pipe.module``),
-and ``deepspeed.initialize`` refuses an ``mpu`` next to a ``PipelineModule``: it
-takes ``model.mpu()``, the module's grid. ``hypergrid_grid()`` makes the modules
-built inside it build hypergrid's ``PipelineParallelGrid`` instead (its groups
-created through a ``HyperCommGrid``, guarded); ``pipeline_module`` builds one
-module that way. The engine then runs on hypergrid's groups with no other change::
-
-    from hypergrid.compat.deepspeed import pipeline_module
-
-    model = pipeline_module(layers, topology=topology, loss_fn=loss_fn)  # or a PipelineModule subclass: cls=...
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-
-DeepSpeed is imported on first use (not by ``hypergrid.compat.deepspeed``).
-Replacing the name is process-wide while the block runs: build modules from
-one thread at a time.
+DeepSpeed's ``PipelineModule`` always builds DeepSpeed's own ``PipelineParallelGrid`` (a module-level name of
+``deepspeed.runtime.pipe.module``), which ``deepspeed.initialize`` takes as the mpu. ``hypergrid_grid()`` makes
+the modules built inside it build hypergrid's ``PipelineParallelGrid`` instead; ``pipeline_module`` builds one
+module that way (docs/migrate/deepspeed.md has the two lines to write). DeepSpeed is imported on first use (not by
+``hypergrid.compat.deepspeed``). Replacing the name is process-wide while the block runs: build modules from one
+thread at a time.
 """
 
 from __future__ import annotations

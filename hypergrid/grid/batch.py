@@ -173,9 +173,7 @@ class GuardedCreation(Facet):
             DimsError: ``dims_list`` is empty or not a list, an entry names an
                 unknown or repeated dim, or two entries name the same family.
             GroupExistsError: (a ``KeyError``) a family was already created.
-            DesyncError: (guard on) the participating ranks asked for different things.
-            GuardTimeoutError: (guard on) some participating ranks did not arrive in time.
-            (and every other error of ``create_pg``)
+            (and every other error of ``create_pg``: ``DesyncError``, ``GuardTimeoutError``, ...)
 
         Examples:
             >>> import torch.distributed as dist

@@ -1,11 +1,8 @@
 """``GridCore``: the typed core of a grid, where all of its state lives.
 
-``HyperCommGrid`` is a front over its facet objects (``Facet``s),
-which hold no state: a grid keeps everything in its ``_core``, and a facet uses only
-what ``hypergrid.binding.facet.FacetCore`` declares of it and of its `Registry`
-(shared by a root and its views): mypy and ``tests/layering.py`` check it. The adapters (``hypergrid.compat``)
-use ``grid_core(grid)``: ``root``, ``view_name``, ``rank_view``,
-``family_key`` and ``is_created``, never a private member of the grid.
+A facet uses only what ``hypergrid.binding.facet.FacetCore`` declares of it (see docs/architecture.md); the
+adapters (``hypergrid.compat``) use ``grid_core(grid)``: ``root``, ``view_name``, ``rank_view``, ``family_key`` and
+``is_created``.
 
 Examples:
     >>> from hypergrid.grid import HyperCommGrid

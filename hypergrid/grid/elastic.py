@@ -1,12 +1,7 @@
 """The elastic grid: when ranks die, the survivors agree, shrink or fill from spares, and carry on.
 
-``grid.shrink`` is collective over the survivors of the old world (spares in
-``standby`` join by themselves). This facet checks the call and hands over to
-`hypergrid.grid.recovery.Recovery`, which agrees on the dead (the world's
-roll calls, `hypergrid.agreement.watcher`, and the membership round), checks
-the whole plan (`hypergrid.layout.shrink`), tears the old groups down without
-waiting on the dead (`hypergrid.binding.failures`) and forms the new world
-(`hypergrid.binding.reform`), absorbing deaths on the way. See docs/elastic.md.
+This facet checks ``grid.shrink``'s call and hands over to `hypergrid.grid.recovery.Recovery` (whose docstring
+lists its steps). See docs/elastic.md.
 """
 
 from __future__ import annotations

@@ -208,22 +208,14 @@ class HyperCommGrid(FacetFront):
 
         Collective: with strategies ``"enumerate"`` and ``"split"`` every rank
         of the default group must call it, for the same dims, in the same
-        order; with ``"local"`` the members of each group must. Keyword
-        arguments ``timeout``, ``pg_options`` and ``group_desc`` (default: the
-        grid's ``group_options``) are passed to torch
-        (``new_subgroups_by_enumeration``, ``new_group`` or ``split_group``).
-        ``strategy`` overrides the grid's for this family. ``view`` names a
-        registered view: a family over its shared dims only is the base grid's
-        (created once, under the base key); its other families are its own.
-        With ``share_groups`` on, a family whose groups have the same members,
-        backend, options and tag as one created before gets that group object
-        and creates nothing (``group_desc`` takes no part); the guard checks
-        the request all the same. See ``docs/communicators.md``.
-        ``within="node"`` / ``across="node"`` create one half of the family's
-        hierarchy instead: each group's members on one node, or those with the
-        same position on each node (key ``"dp-tp|within=node"``; nodes of
-        ``ranks_per_node`` ranks, default ``LOCAL_WORLD_SIZE``; see
-        ``hypergrid.layout.hierarchy`` and ``docs/hierarchy.md``).
+        order; with ``"local"`` the members of each group must. A view's family
+        over its shared dims only is the base grid's (created once, under the
+        base key). With ``share_groups`` on, a family whose groups have the
+        same members, backend, options and tag as one created before gets that
+        group object and creates nothing; the guard checks the request all the
+        same (``docs/communicators.md``). ``within="node"`` / ``across="node"``
+        create one half of the family's hierarchy instead (key
+        ``"dp-tp|within=node"``; ``docs/hierarchy.md``).
 
         Args:
             dims: the family's dims, in any order.
@@ -231,9 +223,9 @@ class HyperCommGrid(FacetFront):
             strategy: how to create it (default: the grid's).
             tag: a short identifier for a separate communicator over the same
                 family; it never shares with an untagged group.
-            **kwargs: ``timeout``, ``pg_options``, ``group_desc``; ``backend``,
-                which must agree with the grid's unless ``tag`` is given;
-                ``within``/``across`` and ``ranks_per_node`` (above).
+            **kwargs: ``timeout``, ``pg_options``, ``group_desc`` (default: the grid's ``group_options``), passed to
+                torch; ``backend``, which must agree with the grid's unless ``tag`` is given; ``within``/``across``
+                and ``ranks_per_node`` (nodes of that many ranks; default ``LOCAL_WORLD_SIZE``).
 
         Returns:
             The group holding the calling rank, or ``None`` on ranks outside the grid.

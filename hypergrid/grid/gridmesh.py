@@ -1,26 +1,10 @@
 """DeviceMeshes of a grid's own groups, every one deriving from ONE root mesh per grid (and device type).
 
-torch's ``DeviceMesh`` keeps a mesh as a layout over its root mesh's ranks, and
-torch combines meshes only when they derive from one root: FSDP concatenates a
-data-parallel and a tensor-parallel mesh (``DeviceMesh._concatenate``) and
-flattens sub-meshes (``mesh[names]._flatten()``). Here the root is a 1-D mesh
-named ``"world"`` over the grid's ranks, and every exported mesh is a layout
-over it whose dims hold the grid's registered groups.
-
-``GridMesh`` is torch's ``DeviceMesh`` with three of its steps done by the grid:
-
-- slicing (``mesh["dp", "tp"]``, torch's own code) keeps the class, so a slice
-  still knows its dims;
-- ``_flatten`` (what FSDP calls for a combined data-parallel dim) takes the
-  grid's family over the flattened dims (created once, shared, guarded), not a
-  new torch group;
-- ``_unflatten`` splits a dim into dims of the grid or a view, each the grid's
-  family, and refuses a split no factorization has.
-
-A pickled ``GridMesh`` is a plain ``DeviceMesh`` (nothing of hypergrid's is
-needed to load it). Meshes that torch builds by itself from a ``GridMesh``
-(``DeviceMesh._concatenate``) are plain ``DeviceMesh`` objects of the same root:
-they combine with the grid's meshes, but their own ``_flatten`` is torch's.
+torch combines meshes only when they derive from one root; here the root is a 1-D mesh named ``"world"`` over the
+grid's ranks, and every exported mesh is a layout over it whose dims hold the grid's registered groups.
+``GridMesh`` is torch's ``DeviceMesh`` whose slicing keeps the class, whose ``_flatten`` takes the grid's family
+and whose ``_unflatten`` splits a dim into the grid's families: docs/toolkit.md ("One root") says what each does
+and what a pickled mesh or torch's own ``_concatenate`` gives.
 
 This module imports ``torch.distributed.device_mesh`` (about 1.5 s), so the
 grid imports it on the first export only.

@@ -3,17 +3,9 @@
 ``grid.shrink`` (`hypergrid.grid.elastic`) validates its arguments and hands
 over to `Recovery`:
 
-1. **Who is dead.** The world's watcher (`hypergrid.agreement.watcher`) has
-   usually settled it already: the failure that made the caller shrink ran a
-   roll call, and every survivor read the same verdict. Otherwise the call
-   itself runs one. The survivors then agree through the membership round
-   (`hypergrid.agreement.membership`) on the dead (named ones included), the
-   policy, the dim and the families to re-create; a rank that dies meanwhile
-   is found by the round's liveness probes.
-2. **The plan, checked whole** before anything is torn down: the new layout
-   (`hypergrid.layout.shrink`), the successor grid and its views, every
-   family, tag and ``within``/``across`` half on it. A refusal leaves the old
-   grid and world as they were, and ``shrink`` may be called again.
+1. **Who is dead**, as ``shrink``'s docstring says: the world's roll calls (`hypergrid.agreement.watcher`), then
+   the membership round (`hypergrid.agreement.membership`), whose liveness probes find a rank dying meanwhile.
+2. **The plan, checked whole** (`hypergrid.layout.shrink`): a refusal leaves the old grid and world as they were.
 3. **Tear down** the old groups (never waiting on a dead peer).
 4. **Form the new world**, attempt after attempt: a barrier where every member shows up, the default group under
    the new epoch's store prefix, the families re-created, and a commit barrier whose outcome is written once. Before

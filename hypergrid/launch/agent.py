@@ -1,28 +1,10 @@
 """``MinHealthyAgent``: torchelastic's local agent with a monitoring policy that keeps the survivors running.
 
-torchrun's ``LocalElasticAgent`` treats its workers as one group: when one
-exits non-zero, its process context stops all the others (SIGTERM, then
-SIGKILL) and the agent restarts the whole group or fails. An elastic grid
-needs the opposite: the survivors shrink past the dead and carry on.
-
-This agent is the same agent (rendezvous, worker environment, the store
-hosted by the agents, logs, restarts), with three methods replaced:
-
-- monitoring reads each worker's exit on its own; a failed worker is recorded
-  and reported, the others are left running;
-- the run loop applies the minimum-healthy rule, job-wide
-  (``hypergrid.launch.health``): while at least ``min_healthy`` workers of the
-  job have not failed, nothing is stopped; below it, every agent falls back
-  to torchrun's behaviour (restart every worker while ``max_restarts`` allows,
-  else stop them and fail);
-- the exit barrier waits for every agent whose workers still run (or for a
-  verdict), so the agent hosting the store outlives every worker; then the
-  run is judged (``hypergrid.launch.outcomes``): it succeeded only when every
-  worker that did not finish was excluded by a shrink (the workers say so in
-  the round's ledger, ``hypergrid.launch.ledger``, named in their environment).
-
-A node that joins later (``--nnodes MIN:MAX``) waits for the next restart: a
-healthy job is never restarted to grow (torchrun restarts it).
+torchrun's ``LocalElasticAgent`` stops every worker when one fails; an elastic grid needs the survivors to shrink
+past the dead and carry on. This agent is the same agent (rendezvous, worker environment, the store hosted by the
+agents, logs, restarts) with three methods replaced: monitoring, the run loop (the minimum-healthy rule, job-wide:
+``hypergrid.launch.health``) and the exit barrier, after which the run is judged (``hypergrid.launch.outcomes``,
+from the workers' ``hypergrid.launch.ledger``). docs/launcher.md describes each.
 """
 
 from __future__ import annotations

@@ -17,10 +17,7 @@ rendezvous round, under ``hypergrid/run/<restart>/``:
   waiting, and they fall back together (restart every worker, or stop them
   and fail).
 
-Store operations: one ``add`` per worker failure, one ``set`` pair per
-verdict, and a handful per agent and round (the watcher's connection and its
-``wait``, renewed once a day; the barrier's ``add``, ``wait`` and ``check``):
-nothing per monitoring tick.
+Store operations: docs/launcher.md ("How the agents count"); none per monitoring tick.
 """
 
 from __future__ import annotations

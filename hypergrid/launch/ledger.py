@@ -1,13 +1,8 @@
 """What the workers of ``hypergrid.run`` tell their agent: the deaths a shrink accounted for, and a worker's exception.
 
-The agent judges a run by how each of its workers ended. A worker that exited
-0 finished. One that died (a signal, a non-zero exit) is *accounted for* when
-the survivors' ``shrink`` excluded it: the world's verdict named it dead and
-the job went on without it. Every other death fails the run. The agent cannot
-see a shrink; the survivors write it down on the store the agents host (it
-outlives every worker), in a *ledger* the agent names in the workers'
-environment (``HYPERGRID_RUN_LEDGER``, a key prefix on the workers' raw store,
-the TCPStore that torchelastic's agent of node 0 hosts for them):
+A worker's death is *accounted for* when the survivors' ``shrink`` excluded it; the survivors write it down in a
+*ledger* the agent names in the workers' environment (``HYPERGRID_RUN_LEDGER``, a key prefix on the workers' raw
+store, which outlives every worker); docs/launcher.md says how the agent reads it. Its keys:
 
 - ``<ledger>world/<epoch>``: the launcher's rank (torchelastic's global rank)
   of each rank of world ``epoch``, comma-separated, in rank order. The job's
@@ -15,13 +10,8 @@ the TCPStore that torchelastic's agent of node 0 hosts for them):
 - ``<ledger>shrunk``: the launcher's ranks that shrinks excluded, each
   followed by a comma (``store.append``).
 
-Both are written at the end of each shrink by the new world's rank 0 alone
-(one ``check``, one ``get``, one ``append`` and one ``set`` for the new
-world's table: nothing on the other ranks). They are read once, when every
-worker of the job has exited, by the agent that ends the exit barrier
-(``HealthRound.exit_barrier``), which hands the list to every agent. A rank 0
-that dies before it writes leaves its world's deaths unaccounted: the run is
-reported failed, never succeeded by mistake.
+Both are written at the end of each shrink by the new world's rank 0 alone (a rank 0 that dies before it writes
+leaves its world's deaths unaccounted: the run is reported failed, never succeeded by mistake).
 
 A worker that raised says what it raised in torchelastic's error file
 (``TORCHELASTIC_ERROR_FILE``, the format of torch's ``@record``):

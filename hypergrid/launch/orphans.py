@@ -1,9 +1,7 @@
 """Workers that end with the process that started them: no orphan keeps training after its launcher is killed.
 
-A launcher stopped by a signal it can catch stops its workers itself; one
-that is SIGKILLed cannot, and its workers (each in a session of its own under
-torchelastic) would be reparented and run on. So every worker is tied to its
-parent:
+A launcher that is SIGKILLed cannot stop its workers, which would be reparented and run on (docs/launcher.md), so
+every worker is tied to its parent:
 
 - On Linux, the kernel does it: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (through
   ``ctypes``) makes the parent's death SIGKILL the worker. It survives

@@ -1,23 +1,9 @@
 """Start a small local process group: spawned workers on one host, or ``torchrun``'s env.
 
-``spawn`` runs a function on ``nprocs`` new processes joined in one
-process group (gloo on CPU by default), with a hard timeout: an exception on
-any rank is re-raised in the parent as ``WorkerError``
-naming that rank with its traceback, and every other worker is stopped. The
-rendezvous store is hosted by the parent on ``127.0.0.1`` with a port chosen by
-the OS, so concurrent launches never race for a port.
-
-A worker pickles its return value itself, before it exits (tensors become plain
-bytes, not shared memory that would die with the worker), so any picklable
-value comes back whatever its size; one that cannot be pickled is reported
-with the rank and pickle's own error. Each worker dumps its Python stack on
-``SIGUSR1`` (``hypergrid.launch.stacks``): on timeout, the error shows where
-every rank still running is. A worker ends with the parent: if the parent is
-killed (even by SIGKILL), its workers are too (``hypergrid.launch.orphans``).
-
-Workers are started by multiprocessing's ``forkserver`` where the platform
-has it (Linux, macOS), ``spawn`` elsewhere or on request (``start_method``):
-see ``spawn``'s docstring for why.
+``spawn`` runs a function on ``nprocs`` new processes joined in one process group, with a hard timeout (its
+docstring says the rest). The rendezvous store is hosted by the parent on ``127.0.0.1`` with a port chosen by the
+OS, so concurrent launches never race for a port; a worker ends with the parent (``hypergrid.launch.orphans``) and
+dumps its stack on ``SIGUSR1`` (``hypergrid.launch.stacks``).
 
 ``init_from_env`` is the ``torchrun`` path (``env://``): NCCL bound to the
 local GPU when CUDA is present, gloo otherwise.

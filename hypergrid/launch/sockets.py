@@ -1,13 +1,8 @@
 """The TCP connections torch opens for a process group, and how to sever them: gloo's missing abort.
 
-gloo cannot cancel a collective in flight (``ProcessGroup.abort()`` returns
-and the operation goes on, torch 2.13): after a failure, the survivors'
-operations stay pending until their peers' connections close or the group's
-timeout (minutes), and destroying such a group joins the threads that run
-them. Worse, a peer that was only stopped (SIGSTOP) and comes back completes
-them: the survivors' abandoned collectives then finish behind their back,
-writing into tensors they use again, and the stopped rank gets a result from
-a world that no longer exists.
+gloo cannot cancel a collective in flight (``ProcessGroup.abort()`` returns and the operation goes on, torch 2.13):
+the survivors' operations stay pending until the group's timeout, and a peer that was only stopped (SIGSTOP) and
+comes back completes them, writing into tensors the survivors use again.
 
 Severing the group's connections (``shutdown`` of each connected socket)
 ends every pending operation at once, on both sides, with gloo's own

@@ -1,30 +1,9 @@
 """The worker side of ``spawn``: how a worker is started, tied to its launcher, and what it reports.
 
-``spawn`` starts its workers from a forkserver that imported torch once, or a fresh interpreter each.
-
-A fresh interpreter (multiprocessing's ``spawn``) imports torch and hypergrid
-again in every worker: over a second of CPU each, so eight ranks cost about
-five seconds on two cores before any work. multiprocessing's ``forkserver``
-starts one server process per launcher, at its first ``spawn``, which imports
-them once (``set_forkserver_preload``); each worker is forked from it, then
-prepared as under ``spawn`` (the caller's ``sys.path``, working directory and
-``__main__``). Measured on the shared 2-core machine: 8 ranks that return
-their world size, 4.7 s a run with fresh interpreters, 0.16 s forked (1.2 s
-for the first, which starts the server).
-
-The server imports torch but initializes no CUDA (``torch.cuda.is_initialized()``
-stays False through these imports), so a worker forked from it binds its GPU
-as a fresh process would: NCCL needs no other start method.
-
-The server's environment is the launcher's at its first ``spawn``; each
-worker replaces it with the launcher's at the call (``worker``), so a
-variable set between two calls reaches the second one's workers as under
-``spawn``; the same for its stdout and stderr (``LauncherStreams``). What
-torch reads once at its import stays as the server read it.
-And multiprocessing ends a forked worker with ``os._exit``, not an
-interpreter exit: its ``atexit`` handlers do not run (``worker`` has called
-``destroy_process_group`` by then, which closes hypergrid's world). For
-either, ``start_method="spawn"``.
+``spawn`` starts its workers from a forkserver that imported torch once, or a fresh interpreter each: why, what
+it costs and what a forked worker inherits are in docs/api.md ("How workers start"). The server's environment is
+the launcher's at its first ``spawn``; each worker replaces it with the launcher's at the call (``worker``), and
+its stdout and stderr (``LauncherStreams``).
 
 A forkserver's worker is the server's child, not the launcher's, and the
 server lives until its launcher and every worker it forked have closed its

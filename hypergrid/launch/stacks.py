@@ -1,14 +1,9 @@
 """Where is each rank? Python stacks dumped on a signal, read back and cut to the frames that matter.
 
-Each rank registers ``faulthandler`` on ``SIGUSR1`` with a file of its own,
-``rank{RANK}.stack`` in a directory. ``faulthandler`` writes from a C signal
-handler, so a rank blocked inside a collective or a ``send`` (the GIL
-released or not) still answers. ``spawn`` does this for every worker and,
-when its timeout passes, signals the ranks still running and quotes their
-stacks in the ``WorkerError``. Under ``torchrun``, set
-``HYPERGRID_STACK_DIR`` before ``init_from_env`` (or call
-``enable_stack_dumps``), send ``SIGUSR1`` to the hung ranks (``kill -USR1
-PID``) and read the report with ``read_stack_dumps(directory)``.
+Each rank registers ``faulthandler`` on ``SIGUSR1`` with a file of its own, ``rank{RANK}.stack`` in a directory;
+``faulthandler`` writes from a C signal handler, so a rank blocked inside a collective (the GIL released or not)
+still answers. ``spawn`` does this for every worker and quotes the stacks of the ranks still running at its
+timeout; under ``torchrun``, docs/api.md ("When a rank hangs") says how.
 
 A report keeps the frames below the function the rank was started with: the
 caller's own lines, the first library call they made (``torch.distributed``

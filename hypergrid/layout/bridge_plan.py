@@ -1,13 +1,8 @@
 """The schedule of a bridge between two grids: who sends which piece of the global tensor to whom (pure).
 
-A tensor crosses from a *sender* grid to a *receiver* grid (activations from a
-bridge's source to its destination, gradients back). On both sides the global
-tensor is cut the same way: the data-parallel replicas (dim ``dp``) hold
-consecutive slices of the global batch, and with a sequence dim the
-context-parallel ranks (dim ``cp``) hold consecutive chunks of the sequence of
-their replica's slice; every other dim (``tp`` and any other) holds copies.
-Only the *boundary* ranks take part: the sender's last pipeline stage (dim
-``pp``) and the receiver's first (either may be chosen).
+A tensor crosses from a *sender* grid to a *receiver* grid, both cut as `hypergrid.grid.bridge.Bridge` says (``dp``
+slices the batch, ``cp`` the sequence, other dims hold copies); only the *boundary* ranks take part: the sender's
+last pipeline stage (dim ``pp``) and the receiver's first (either may be chosen).
 
 `plan_transfer` lists the pieces: for every receiving rank, the rectangles
 (batch rows x sequence positions, in global indices) that together make its

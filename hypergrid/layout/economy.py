@@ -7,13 +7,8 @@ the same partition; a family whose dims all have size 1 puts every rank in a
 group of its own. Across two factorizations of the same ranks (a grid and its
 views) equal partitions can come from different dims.
 
-``partition_signature`` names a partition in O(ndim), the same on every rank,
-with no enumeration: the strides and sizes of the family's non-trivial dims,
-where dims that are adjacent in the stride chain are merged into one block.
-Two families of layouts over the same ranks have equal signatures exactly when
-their partitions are equal (``tests/test_economy.py`` checks this against an
-explicit comparison of the groups). Because the signature is global, every rank
-takes the same sharing decision, which keeps world-collective creation in step.
+``partition_signature`` names a partition in O(ndim), the same on every rank, with no enumeration; equal
+signatures are equal partitions (docs/communicators.md says how, and why every rank then decides alike).
 
 Examples:
     >>> from hypergrid.layout import GridLayout

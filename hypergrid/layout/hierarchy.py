@@ -1,21 +1,9 @@
 """Hierarchical families: each group of a family cut by node, as a family of a finer layout (pure).
 
-A node is a block of ``ranks_per_node`` consecutive global ranks. When node
-boundaries cut the grid along its dims (``ranks_per_node`` is the product of the
-inner sizes times a divisor ``q`` of the next size), the grid is the same
-ranks as a finer layout in which that dim is split in two: ``q`` values inside
-a node, the rest across nodes. A family's dims then fall in two parts:
-
-- ``within``: its dims inside a node: each group's members on one node
-  (the intra-node step of a hierarchical all-reduce);
-- ``across``: its dims across nodes: the members with the same position on
-  each node (the inter-node step).
-
-Both are ordinary families of the finer layout, so they are created, guarded
-and shared like any other (``tp`` within a node is the ``tp`` family itself
-when ``tp`` fits in a node, and shares its group). Megatron's hierarchical
-groups (``create_hierarchical_groups``) cut a group's sorted ranks the same
-way: consecutive chunks within, strided across.
+A node is a block of ``ranks_per_node`` consecutive global ranks. When node boundaries cut the grid along its dims,
+the grid is the same ranks as a finer layout in which one dim is split in two (`node_split`), and a family's
+``within`` (its members on one node) and ``across`` (those with the same position on each node) halves are
+ordinary families of it, created, guarded and shared like any other: docs/hierarchy.md ("How they are built").
 
 Examples:
     >>> from hypergrid.layout import GridLayout

@@ -1,18 +1,8 @@
 """Pure planning of a DeviceMesh over a grid and its views (no torch).
 
-A mesh dim is one grid dim (``"dp"``) or a tuple of dims (``("pp", "tp")``)
-forming one mesh dim, named by joining them with ``_`` (``"pp_tp"``), or, when
-the dims come as a mapping, any name for either
-(``{"batch": ("dp_replicate", "dp_shard"), "tp": "tp"}``). Mesh dims come in
-the order given; inside a combined dim the dims must be named outermost first
-(its groups are the grid's family over those dims, whose ranks torch orders
-ascending).
-
-A dim is looked up in the exporting grid's own factorization first, then in
-the other factorizations of the same ranks (the base grid and its registered
-views, in order), so a mesh may mix dims of a grid and of a view: MoE's
-``(pp, dp_replicate, efsdp, ep)``. The dims of one combined mesh dim must all
-belong to one factorization (a view's shared dims belong to both).
+The mesh dims are those ``HyperCommGrid.to_device_mesh`` takes (its docstring says how they are named, ordered
+and combined). A dim is looked up in the exporting grid's own factorization first, then in the base grid and its
+registered views, in order; a view's shared dims belong to both.
 
 Each mesh dim is also an *axis* over the grid's ranks: the ``(size, stride)``
 of each of its dims, outermost first, strides counted from the grid's first

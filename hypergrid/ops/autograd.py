@@ -150,8 +150,7 @@ def copy_to(x: torch.Tensor, grid: CollectiveGrid, dims: Dims) -> torch.Tensor:
         RankError: (backward) the caller is outside the grid.
     """
     _checked(x, grid, dims, None, "copy_to")
-    out = _apply(_CopyTo, x, grid, dims)
-    return out
+    return _apply(_CopyTo, x, grid, dims)
 
 
 @public
@@ -163,8 +162,7 @@ def reduce_from(x: torch.Tensor, grid: CollectiveGrid, dims: Dims) -> torch.Tens
         RankError: the caller is outside the grid.
     """
     _checked(x, grid, dims, None, "reduce_from")
-    out = _apply(_ReduceFrom, x, grid, dims)
-    return out
+    return _apply(_ReduceFrom, x, grid, dims)
 
 
 @public
@@ -177,8 +175,7 @@ def scatter_to(x: torch.Tensor, grid: CollectiveGrid, dims: Dims, dim: int = -1)
         RankError: the caller is outside the grid.
     """
     index = _checked(x, grid, dims, dim, "scatter_to")
-    out = _apply(_Split, x, grid, dims, index)
-    return out
+    return _apply(_Split, x, grid, dims, index)
 
 
 @public
@@ -195,8 +192,7 @@ def gather_from(x: torch.Tensor, grid: CollectiveGrid, dims: Dims, dim: int = -1
         RankError: the caller is outside the grid.
     """
     index = _checked(x, grid, dims, dim, "gather_from")
-    out = _apply(_Gather, x, grid, dims, index, False)
-    return out
+    return _apply(_Gather, x, grid, dims, index, False)
 
 
 @public
@@ -209,8 +205,7 @@ def reduce_scatter_to(x: torch.Tensor, grid: CollectiveGrid, dims: Dims, dim: in
         RankError: the caller is outside the grid.
     """
     index = _checked(x, grid, dims, dim, "reduce_scatter_to")
-    out = _apply(_ReduceScatter, x, grid, dims, index)
-    return out
+    return _apply(_ReduceScatter, x, grid, dims, index)
 
 
 @public
@@ -227,5 +222,4 @@ def gather_from_sequence(x: torch.Tensor, grid: CollectiveGrid, dims: Dims, dim:
         RankError: the caller is outside the grid.
     """
     index = _checked(x, grid, dims, dim, "gather_from_sequence")
-    out = _apply(_Gather, x, grid, dims, index, True)
-    return out
+    return _apply(_Gather, x, grid, dims, index, True)

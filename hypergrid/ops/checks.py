@@ -1,27 +1,11 @@
 """Checked collectives: the members of a group compare each call before it runs, by family and call number.
 
-torch leaves a collective whose members disagree undefined: gloo returns
-garbage, hangs or aborts the process. With checking on
-(``HyperCommGrid(..., check_collectives=True)`` or
-``HYPERGRID_CHECK_COLLECTIVES=1`` when the grid is built), each collective of
-the grid (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``,
-``barrier``, ``hierarchical_all_reduce``, ``average_gradients``, ``exchange``)
-first turns its call into a fixed-size row of int64 (`signature`), prefixed
-with its *family* (the registry key: dims, view, tag, hierarchy half) and its
-*call number* on that family on this rank, gathers the rows of the group with
-one small ``all_gather`` on the same group (`compare_calls`) and, where they
-differ, raises `CollectiveMismatchError` on every member, naming each
-distinct call and its ranks. Device indices are not compared (every rank has
-its own GPU); device types are.
-
-The row holds everything the collective's local checks depend on (whether it
-is a tensor, its shape, dtype, layout, the op, ``dim`` or ``group_src``; for
-``average_gradients`` the gradients' count, sizes and buckets; for
-``exchange`` what each stage sends and receives), so once the rows agree every
-member passes or fails those checks alike. Calls that can never meet — one
-rank in another family's collective, a skipped or an extra call — leave
-comparisons waiting in different gathers; `hypergrid.ops.deadlocks` finds
-them through the store and raises the same error on every rank that waits.
+With checking on (``HyperCommGrid(..., check_collectives=True)`` or ``HYPERGRID_CHECK_COLLECTIVES=1``), each
+collective of the grid turns its call into a fixed-size row of int64 (`signature`: its family, its call number on
+that family, and everything its local checks depend on), gathers the rows of the group with one small
+``all_gather`` on the same group (`compare_calls`) and, where they differ, raises `CollectiveMismatchError` on
+every member, naming each distinct call and its ranks; docs/reliability.md lists what a row holds. Calls that can
+never meet are found by `hypergrid.ops.deadlocks`.
 """
 
 from __future__ import annotations

@@ -1,34 +1,12 @@
 """Checked calls that can never meet: found through the store while their comparisons wait.
 
-A checked collective (`hypergrid.ops.checks`) compares its call with one
-``all_gather`` on its own group. Ranks that call different families' collectives
-(rank 3 over ``tp`` while the others use ``dp``), or skip one, wait in different
-gathers, each for a rank that waits elsewhere: no gather over one family can
-see that. The channel that can is family-independent: the default group's store.
-
-A comparison still waiting after `TICK_S` publishes what it waits in, under one
-key of its own (its family, its call number there, the group it gathers over,
-and how many calls it started on each family), then, every `TICK_S`, reads
-the records of the members it waits for and follows them: rank A waits in
-family F for B, and B waits elsewhere without having started A's call (B's
-count of calls on F is at most A's call number), so B waits for someone
-else... A path back to A is a cycle of waits that can never end (every rank on
-it waits for the next). It is written to the grid's verdict key, first writer
-wins, and every rank whose comparison waits reads that key at its next tick and
-raises `CollectiveMismatchError` naming every call in the cycle. A rank whose
-own group's calls matched goes on (its collective was right) and raises at its
-next checked call that waits. A rank that is only slow (computing, or in a call
-whose group is complete but slow) is never part of a cycle: it publishes
-nothing, or waits in a call the others also started.
-
-The waiting gathers are abandoned, not cancelled (gloo cannot interrupt one):
-after the error the grid refuses every checked call until ``destroy()`` on
-every rank starts its next epoch (and its groups are destroyed with it).
-
-Cost: nothing for a comparison that completes within `TICK_S`; a waiting one
-sets one key when it starts waiting and deletes it when it ends, and each tick
-reads the verdict key and the records of the ranks it follows (at most
-`MAX_READS`, one non-blocking read each).
+A checked collective (`hypergrid.ops.checks`) compares its call with one ``all_gather`` on its own group; ranks
+that call different families' collectives, or skip one, wait in different gathers, which no gather over one family
+can see. A comparison still waiting after `TICK_S` publishes what it waits in on the default group's store and,
+every `TICK_S`, follows the records of the members it waits for (at most `MAX_READS`); a path back to itself is a
+cycle of waits that can never end, written to the grid's verdict key, and every waiting rank raises
+`CollectiveMismatchError` naming every call in it. The rules, the cost and what follows (the grid refuses checked
+calls until ``destroy()``) are in docs/reliability.md.
 """
 
 from __future__ import annotations
