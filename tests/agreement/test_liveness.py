@@ -98,9 +98,11 @@ def test_everyone_answers_nobody_dead_in_o1_ops_no_key_left(server: Any, size: i
     # It closes on the count, once the caller woke every rank (at once here: the woken key's wait is the last's).
     verdicts, ops = roll_call(server, 100 + size, size, list(range(size)), bound=30.0, woken_at=0.0)
     assert {verdict for verdict in verdicts.values()} == {Verdict(FAILURE, (), "test")}
-    # whatever the size: read, append, count, wait, look, read, count the read, delete the wake key; the last to
-    # answer also waits for the wake's end (``I/woken``), the last reader deletes 6 keys
-    assert max(ops.values()) <= 16 and statistics.median_low(ops.values()) <= 8
+    # whatever the size: read, append, count, wait, look, read, count the read, delete the wake key; the two first
+    # to answer (the closers) and the last also wait for the wake's end (``I/woken``), the last reader deletes 6 keys
+    assert max(ops.values()) <= 16
+    if size > 4:  # (at 2 ranks both are closers)
+        assert statistics.median_low(ops.values()) <= 8
     assert server.num_keys() == before
 
 
