@@ -258,6 +258,11 @@ class Incident:
         """The world number, read from the prefix (`incident_prefix`)."""
         return int(self.prefix.rsplit("/", 2)[-2])
 
+    @property
+    def number(self) -> int:
+        """The incident's number, read from the prefix."""
+        return int(self.prefix.rsplit("/", 1)[-1])
+
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}"
 
@@ -284,7 +289,7 @@ class Incident:
 
     def wake(self, ranks: Sequence[int]) -> None:
         """Write the wake keys of ``ranks`` in this incident's world: one ``multi_set`` per `MULTI_SET_KEYS`."""
-        keys = [self.key(f"wake/{rank}") for rank in ranks]
+        keys = [wake_key(self.world, self.number, rank) for rank in ranks]
         for start in range(0, len(keys), MULTI_SET_KEYS):
             chunk = keys[start : start + MULTI_SET_KEYS]
             self.store.multi_set(chunk, [self.prefix] * len(chunk))
@@ -307,21 +312,16 @@ class Incident:
     def close(self, call: str, seen: float, liveness_s: float | None = None) -> Verdict | None:
         """The verdict: published here when this answer completed the roll call or at the deadline; None if gone.
 
-        The deadline is ``liveness_s`` after the caller woke every rank
-        (``I/woken``, seen by the closers), plus as long again as the wake
-        took (the store's pace: a loaded store serves the answers as slowly
-        as it served the wake), and at the latest `bound_s` after this rank
-        saw the call at ``seen`` (``time.monotonic()``): the fallback where the
-        caller died before it woke them all. So every live rank has at least
-        ``liveness_s`` from its wake to answer, however long the wake took,
-        and a roll call of 131,072 ranks no longer waits 13 s.
+        The deadline is ``liveness_s`` after the caller woke every rank (``I/woken``, seen by the closers), plus
+        as long again as the wake took (the store's pace: a loaded store serves the answers as slowly as it
+        served the wake), and at the latest `bound_s` after this rank saw the call at ``seen``
+        (``time.monotonic()``): the fallback where the caller died before it woke them all. So every live rank
+        has at least ``liveness_s`` from its wake to answer, however long the wake took.
 
-        The first two ranks to answer close the roll call at the deadline; the
-        others wait longer (`BACKUP_S` past the fallback) and close it only if both of those
-        died meanwhile, so a roll call with a dead rank ends one timed-out store
-        wait on two ranks, not on all of them (torch logs each one). Nothing
-        closes it earlier than the deadline unless every expected rank
-        answered: a rank that answers before it is never named dead.
+        The first two ranks to answer close the roll call at the deadline; the others wait longer (`BACKUP_S` past
+        the fallback) and close it only if both of those died meanwhile, so a roll call with a dead rank ends one
+        timed-out store wait on two ranks, not on all of them (torch logs each one). Nothing closes it earlier
+        than the deadline unless every expected rank answered: a rank that answers before it is never named dead.
         """
         kind, _, text = call.partition(" ")
         fallback = seen + bound_s(len(self.expected), liveness_s)
@@ -370,7 +370,7 @@ class Incident:
         if self.rank in dead:
             return tuple(dead)
         diagnosis.wait_for(self.store, self.key("woken"), deadline)
-        self.store.delete_key(self.key(f"wake/{self.rank}"))
+        self.store.delete_key(wake_key(self.world, self.number, self.rank))
         if self.store.add(self.key("read"), 1) >= readers:
             for name in ("call", "woken", "read"):
                 self.store.delete_key(self.key(name))
@@ -382,12 +382,12 @@ class Incident:
             return  # a rank declared dead takes no part in the clean-up (the others may be done already)
         readers = len(verdict.alive) if verdict.kind == "minority" else len(self.expected) - len(verdict.dead)
         last = self.store.add(self.key("read"), 1) >= readers
-        self.store.delete_key(self.key(f"wake/{self.rank}"))  # after I/woken: the verdict came after it (`close`)
+        self.store.delete_key(wake_key(self.world, self.number, self.rank))  # after I/woken, as the verdict (`close`)
         if last:
             for name in INCIDENT_KEYS:
                 self.store.delete_key(self.key(name))
             for rank in verdict.dead:  # the dead never delete the wake key the call wrote for them
-                self.store.delete_key(self.key(f"wake/{rank}"))
+                self.store.delete_key(wake_key(self.world, self.number, rank))
 
     def _publish(self, verdict: Verdict) -> Verdict:
         text = verdict.encode()
