@@ -29,6 +29,7 @@ from hypergrid.agreement.liveness import (
     end_text,
     incident_prefix,
     majority,
+    wake_key,
 )
 from hypergrid.agreement.watcher import Watcher
 
@@ -197,6 +198,28 @@ def test_the_end_of_a_world_is_read_once_by_each_live_rank_then_gone(server: Any
     assert [incident.read_end(incident.answer() or "", deadline) for incident in seen[:3]] == [(3,)] * 3
     assert server.num_keys() == before  # the call, I/woken, the count of reads and every wake key
     assert seen[3].answer() is None  # the rank it names, coming late: gone
+
+
+@pytest.mark.timeout(60)
+def test_no_rank_deletes_its_wake_key_before_the_caller_says_every_rank_is_woken(server: Any) -> None:
+    # torch's server writes again the first keys of a multi_set that arrives in parts: a wake key deleted before the
+    # caller's I/woken (its last multi_set returned) can come back. So no verdict, and no deletion, before it.
+    before, world, size = server.num_keys(), 43, 3
+    watchers = [Watcher(client(server), client(server), world, rank, size, liveness_s=5.0) for rank in range(size)]
+    for watcher in watchers:
+        watcher.start()
+    caller = Incident(client(server), incident_prefix(world, 0), 0, ())
+    caller.store.compare_set(caller.key("call"), "", f"{PROBE} test")
+    caller.wake(range(size))  # a caller whose last multi_set is still arriving: no I/woken yet
+    time.sleep(1.0)  # every rank answered (the count is complete)
+    assert int(server.add(caller.key("count"), 0)) == size
+    assert not server.check([caller.key("verdict")])
+    assert all(server.check([wake_key(world, 0, rank)]) for rank in range(size))
+    caller.store.set(caller.key("woken"), "")
+    assert all(watcher._await(0, time.monotonic() + 10.0) == Verdict(PROBE, (), "test") for watcher in watchers)
+    for watcher in watchers:
+        assert watcher.halt(watcher.side, 10.0)
+    assert server.num_keys() == before  # every wake key and the incident's keys
 
 
 def play_barrier(
