@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,17 +134,21 @@ def roster_of(store: Any, prefix: str) -> tuple[dict[int, str], dict[str, str]]:
     return entries, requests
 
 
-def wait_for(store: Any, key: str, deadline: float) -> bool:
+def wait_for(store: Any, key: str, deadline: float, stop: Callable[[], bool] | None = None) -> bool:
     """Wait until ``key`` exists (True) or ``deadline`` (``time.monotonic()``) passes (False).
 
     torch's store client can return from ``wait`` without the key when its
-    timeout ends as another client writes: each return is checked.
+    timeout ends as another client writes: each return is checked. ``stop``:
+    False as soon as it says so after a return (`read` of the absent key, from
+    another connection, makes the wait return: `hypergrid.agreement.liveness.Incident.interrupt`).
     """
     while (left := deadline - time.monotonic()) > 0:
         with contextlib.suppress(RuntimeError):  # DistStoreError: the slice ended
             store.wait([key], datetime.timedelta(seconds=left))
         if store.check([key]):
             return True
+        if stop is not None and stop():
+            return False
     return bool(store.check([key]))
 
 

@@ -42,18 +42,16 @@ the others died.
 
 **Fencing.** A watcher that finds its incident's call or verdict gone after it
 woke (the live ranks read it and deleted it without this rank), or itself among
-the dead, was excluded: it fences its rank (`hypergrid.binding.alarm.fence`).
-A world that a shrink ended keeps one record (`ended_key`: the ranks left
-behind), so a rank stopped through the whole shrink, whose wake key and calls
-were deleted meanwhile, learns it whenever it resumes.
+the dead, fences its rank (`hypergrid.binding.alarm.fence`). A world that a
+shrink ended keeps one record (`ended_key`: the ranks left behind), read by a
+rank stopped through the whole shrink whenever it resumes.
 
 Per rank and incident, from its wake to its next wait: read the call,
 append, count, wait, look for the verdict, read it, count the read, delete
 its wake key, wait on the next incident's: 9 store operations, whatever the
-number of ranks (a closer adds its wait for ``I/woken``, the left list's and
-the roster's reads and the verdict; the last reader 7 deletes). The caller
-writes the wake keys in one ``multi_set`` per `MULTI_SET_KEYS` ranks. The
-closer finds the dead in one pass over the roster (a set).
+number of ranks (a closer adds its wait for ``I/woken``, the reads of the call,
+the left list and the roster, and the verdict; the last reader 7 deletes). The
+caller writes the wake keys in one ``multi_set`` per `MULTI_SET_KEYS` ranks.
 """
 
 from __future__ import annotations
@@ -61,7 +59,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,10 +102,8 @@ def end_text(dead: Sequence[int], world_size: int, caller: int | None = None) ->
     """The call that ends a world of ``world_size`` ranks whose ``dead`` were left behind.
 
     Every other rank's watcher reads it once (the last deletes it); a rank it
-    names fences itself. ``caller``, the rank that writes it, makes each
-    survivor's end differ, so that only the one whose end opened the incident
-    wakes the watchers (a second wake, landing after a watcher read the end and
-    ended, would stay in the store).
+    names fences itself. ``caller`` makes each survivor's end differ: only the
+    one whose end opened the incident wakes the watchers (a second wake would stay).
 
     Examples:
         >>> end_text([3], 8), end_text([3], 8, caller=0)
@@ -129,10 +125,9 @@ def left_key(world: int) -> str:
 def ended_key(world: int) -> str:
     """The record that world ``world`` ended, and who was left behind (JSON list): the one key that stays.
 
-    Written by the survivors before the end's call; the end's call is deleted
-    once every survivor read it, the record only by the next shrink's commit or
-    the destroy of the grid the shrink made: a rank stopped through the whole
-    shrink reads it whenever it resumes, and fences itself.
+    Written by the survivors before the end's call, deleted by the next shrink's
+    commit or the destroy of the grid the shrink made: a rank stopped through
+    the whole shrink reads it whenever it resumes, and fences itself.
 
     Examples:
         >>> ended_key(0)
@@ -235,8 +230,7 @@ class Incident:
     """One rank's side of incident ``number`` of a world whose live ranks are ``expected``.
 
     A watcher runs `answer`, `close` and `conclude` in turn; `call` opens
-    the incident from any rank. The steps are separate so that one thread can
-    play many ranks (the benchmark).
+    the incident from any rank (separate steps: one thread can play many ranks).
 
     Args:
         store: any ``torch.distributed.Store`` (or an object with its methods).
@@ -252,6 +246,7 @@ class Incident:
         self.expected = expected
         self._complete = False
         self._order = 0  # this rank's place among the answers
+        self.stop: Callable[[], bool] = lambda: False  # whether to give up (the watcher stopped: `interrupt`)
 
     @property
     def world(self) -> int:
@@ -260,8 +255,7 @@ class Incident:
 
     @property
     def number(self) -> int:
-        """The incident's number, read from the prefix."""
-        return int(self.prefix.rsplit("/", 1)[-1])
+        return int(self.prefix.rsplit("/", 1)[-1])  # the incident's, read from the prefix
 
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}"
@@ -269,14 +263,13 @@ class Incident:
     def call(self, kind: str, text: str, wake: Sequence[int] = ()) -> str:
         """Open the incident (unless someone did first) and wake the watchers of ``wake``; the call in force.
 
-        The rank whose call opened the incident writes the wake keys
-        (`wake_key`) of ``wake`` (`wake`): one store operation per
-        `MULTI_SET_KEYS` ranks; then ``I/woken``: every rank is woken, so the
+        The rank whose call opened the incident writes the wake keys of
+        ``wake`` (`wake`), then ``I/woken``: every rank is woken, so the
         closers' bound runs from here (`close`), and a rank may delete its
-        wake key (not before: see `wake_key`). Written
-        after the incident ended (every rank answered and read the verdict
-        first), it is deleted again: the last reader deletes the call before
-        ``woken``, so one of the two deletions finds it.
+        wake key (not before: see `wake_key`). Written after the incident
+        ended (every rank answered and read the verdict first), it is deleted
+        again: the last reader deletes the call before ``woken``, so one of the
+        two deletions finds it.
         """
         mine = f"{kind} {text}"
         current: bytes = self.store.compare_set(self.key("call"), "", mine)
@@ -326,20 +319,22 @@ class Incident:
         kind, _, text = call.partition(" ")
         fallback = seen + bound_s(len(self.expected), liveness_s)
         if self._complete:  # published after the wake's end (`wake_key`), which every answer needed anyway
-            diagnosis.wait_for(self.store, self.key("woken"), fallback)
-            return self._publish(Verdict(kind, (), text))
+            diagnosis.wait_for(self.store, self.key("woken"), fallback, self.stop)
+            return None if self.stop() else self._publish(Verdict(kind, (), text))
         if self._order > 2:
             until = fallback + BACKUP_S
-        elif diagnosis.wait_for(self.store, self.key("woken"), fallback):
+        elif diagnosis.wait_for(self.store, self.key("woken"), fallback, self.stop):
             # Not ``diagnosis.read`` of the verdict here: torch's ``compare_set`` of an absent key wakes its waiters.
             woken = time.monotonic()
             liveness = bound_s(0, liveness_s)  # the bound alone, no per-rank part (HYPERGRID_LIVENESS_S unless given)
             until = min(fallback, woken + liveness + (woken - seen))
         else:
             until = fallback
-        if diagnosis.wait_for(self.store, self.key("verdict"), until):
+        if diagnosis.wait_for(self.store, self.key("verdict"), until, self.stop):
             data = diagnosis.read(self.store, self.key("verdict"))
             return None if data is None else Verdict.decode(data)
+        if self.stop() or diagnosis.read(self.store, self.key("call")) is None:
+            return None  # stopped, or an answer too late: the others read the verdict that names it and went on
         left = set(_ranks(diagnosis.read(self.store, self.left_key)))
         expected = [rank for rank in self.expected if rank not in left]
         answered = diagnosis.alive_of(self.store, self.prefix)
@@ -388,6 +383,12 @@ class Incident:
                 self.store.delete_key(self.key(name))
             for rank in verdict.dead:  # the dead never delete the wake key the call wrote for them
                 self.store.delete_key(wake_key(self.world, self.number, rank))
+
+    def interrupt(self, store: Any) -> None:
+        """End this incident's waits on an absent key from ``store`` (torch wakes the waiters of a key that
+        ``compare_set`` finds absent): a stopped rank gives up (`stop`), the others wait again (`Watcher.halt`)."""
+        for name in ("woken", "verdict"):
+            diagnosis.read(store, self.key(name))
 
     def _publish(self, verdict: Verdict) -> Verdict:
         text = verdict.encode()

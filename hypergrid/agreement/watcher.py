@@ -15,9 +15,8 @@ roll call, reads the verdict and acts on it:
 
 `Watcher.report` is what a rank calls when it sees a failure (or, with ``probe``, when a wait lasts too long): it
 opens the current incident and returns the verdict. Nothing runs on a healthy step: the thread is blocked in one
-``wait``, which never times out (torch logs each store wait that does). A stopped watcher ends when its own wake key
-is written, by `Watcher.halt` (its world's ``close``, `hypergrid.agreement.world.World.close`): a rank never wakes
-the others to end its own thread.
+``wait``, which never times out (torch logs each store wait that does). `Watcher.halt` (its world's ``close``) ends
+the thread without waking any other rank's.
 
 A watcher belongs to its world (`hypergrid.agreement.world.World`), which starts it with the first grid of the world
 when the world has more than one rank, a backend other than torch's ``fake``, a store that can open a second
@@ -110,8 +109,8 @@ class Watcher:
         self.end_dead: tuple[int, ...] | None = None  # the dead the world's end named, once read
         self.verdicts: dict[int, Verdict] = {}
         self.failure: Verdict | None = None  # the first verdict that failed the world
-        self.fenced = False
-        self.stopped = False
+        self.fenced = self.stopped = False
+        self._incident: Incident | None = None  # the one the thread handles (`halt` interrupts its waits)
         self._callbacks: list[Callable[[Verdict], None]] = []
         self._on_dead: list[Callable[[tuple[int, ...]], None]] = []  # `on_dead`'s, run at each verdict with dead
         self._changed = threading.Condition()
@@ -131,27 +130,34 @@ class Watcher:
             return wake_key(self.world, self.number, self.rank)
 
     def halt(self, store: Any, timeout_s: float) -> bool:
-        """Stop, wake the thread with its own wake key (no other rank's) and join it; whether it ended in time.
+        """Stop, wake the thread and join it; whether it ended within ``timeout_s``.
 
-        ``store``: a connection other than the thread's (the world's call store). The key written is deleted
-        again once the thread ended; a store already gone (the thread ended on its own) is not an error.
+        ``store``: a connection other than the thread's (the world's call store; one already gone is no error).
+        The thread is woken by its own wake key (deleted again once it ended), or in an incident by
+        `Incident.interrupt` every 0.1 s (see `join`).
         """
         key = self.stop()
-        if not self.join(0.0):
-            with contextlib.suppress(RuntimeError):
-                store.set(key, "close")
-            if not self.join(timeout_s):
+        if self.join(0.0):
+            return True
+        deadline = time.monotonic() + timeout_s
+        with contextlib.suppress(RuntimeError):
+            store.set(key, "close")
+        while not self.join(min(0.1, max(deadline - time.monotonic(), 0.0))):
+            incident = self._incident
+            if time.monotonic() >= deadline:
                 return False
-            with contextlib.suppress(RuntimeError):
-                store.delete_key(key)
+            if incident is not None:
+                with contextlib.suppress(RuntimeError):
+                    incident.interrupt(store)
+        with contextlib.suppress(RuntimeError):
+            store.delete_key(key)
         return True
 
     def join(self, timeout_s: float) -> bool:
         """Wait until the (stopped) thread ended; whether it did within ``timeout_s``.
 
-        A thread still blocked in the store when the process exits is harmless, unless its key is written while the
-        interpreter finalizes: it then wakes into a torch frame that cannot unwind (``std::terminate``). A rank that
-        leaves a world with the others (``shrink``) therefore waits here until the world's end woke it.
+        A thread whose store wait ends while the interpreter finalizes wakes into a torch frame that cannot unwind
+        (``std::terminate``): a rank that leaves a world with the others (``shrink``) waits here for the world's end.
         """
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
@@ -265,16 +271,13 @@ class Watcher:
         What `hypergrid.binding.alarm` asks once the world failed, before it raises ``RankFailure``: a rank stopped
         through the others' whole shrink gets ``FencedError`` on its first call after it resumes.
         """
-        if self.fenced:
-            return True
-        return self._left_behind(self.side)
+        return self.fenced or self._left_behind(self.side)
 
     def depart(self, text: str) -> None:
         """This rank's process ends on an error: stop answering, then call a roll call that finds it gone.
 
-        The others' waits end at once with ``RankFailure`` naming this rank (its watcher no longer answers),
-        instead of waiting for a rank that left without saying so (a worker that raised under ``hypergrid.run``).
-        """
+        The others' waits end with ``RankFailure`` naming this rank, instead of waiting for a rank that left without
+        saying so (a worker that raised under ``hypergrid.run``): its watcher no longer answers."""
         with self._changed:
             if self.stopped or self.fenced:
                 return
@@ -291,17 +294,12 @@ class Watcher:
         """Answer one incident and act on its verdict; False once this rank is out (fenced) or the world ended."""
         seen = time.monotonic()
         incident = Incident(self.store, prefix, self.rank, list(self.expected))
+        incident.stop = lambda: self.stopped
         with self._changed:  # from here on a report joins this incident or calls the next
             self._answered = self.number
+            self._incident = incident
         call = incident.answer()
-        if call is None:  # woken, and no call: the others finished it without this rank, or ended the world
-            self.store.delete_key(wake_key(self.world, self.number, self.rank))
-            if not self._left_behind(self.store):  # (the world's end names it: fenced there)
-                self._fence(
-                    f"world {self.world} went on without this rank (incident {self.number} ended without its answer)"
-                )
-            return False
-        if call.startswith(END):
+        if call is not None and call.startswith(END):
             dead = incident.read_end(call, seen + bound_s(len(self.expected), self.liveness_s))
             with self._changed:
                 self.end_dead = dead
@@ -310,11 +308,13 @@ class Watcher:
             else:
                 self.stop()
             return False
-        verdict = incident.close(call, seen, self.liveness_s)
-        if verdict is None:
-            self._fence(
-                f"world {self.world} went on without this rank (incident {self.number} ended without its answer)"
-            )
+        if call is None:  # woken, and no call (the others finished it without this rank, or ended the world)
+            self.store.delete_key(wake_key(self.world, self.number, self.rank))
+        verdict = None if call is None else incident.close(call, seen, self.liveness_s)
+        self._incident = None
+        if verdict is None:  # no verdict: stopped (its process ends: `halt`), or the incident ended without it
+            if not self.stopped and not self._left_behind(self.store):  # (the world's end names it: fenced there)
+                self._fence(f"world {self.world} went on without this rank (incident {self.number} ended without it)")
             return False
         incident.conclude(verdict)
         with self._changed:

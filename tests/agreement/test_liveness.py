@@ -222,6 +222,50 @@ def test_no_rank_deletes_its_wake_key_before_the_caller_says_every_rank_is_woken
     assert server.num_keys() == before  # every wake key and the incident's keys
 
 
+@pytest.mark.timeout(60)
+def test_an_answer_that_came_after_the_roster_was_read_gives_up_and_publishes_nothing(server: Any) -> None:
+    # Rank 3 read the call and answered, but only after the closers read the roster (a thread descheduled for
+    # longer than the bound): the others read the verdict naming it and deleted the incident before it waited.
+    before, world = server.num_keys(), 44
+    prefix = incident_prefix(world, 0)
+    late = Incident(client(server), prefix, 3, list(range(4)))
+    late._order = 4  # (as the answer's count returned: not a closer, so it waits the fallback and its backup)
+    verdicts, _ = roll_call(server, world, 4, [0, 1, 2])
+    assert {verdict.dead for verdict in verdicts.values()} == {(3,)}
+    started = time.monotonic()
+    assert late.close(f"{FAILURE} test", started, BOUND) is None  # not a verdict of its own: the call is gone
+    assert time.monotonic() - started < BOUND + liveness.BACKUP_S + 2.0
+    assert server.num_keys() == before  # nothing written into the incident the others ended
+
+
+@pytest.mark.timeout(60)
+def test_halt_ends_a_watcher_that_waits_for_a_verdict_at_once_and_fools_no_other_rank(server: Any) -> None:
+    # A rank's process ends while its watcher waits for a verdict (rank 2 does not answer; a 30 s bound): the thread
+    # must end before the interpreter does, without a verdict, and without ending the other ranks' waits.
+    world, size = 45, 3
+    fenced: list[int] = []
+
+    def watcher(rank: int) -> Watcher:
+        record = lambda _, r=rank: fenced.append(r)  # noqa: E731
+        return Watcher(client(server), client(server), world, rank, size, liveness_s=30.0, on_fence=record)
+
+    watchers = [watcher(rank) for rank in range(2)]
+    for watcher in watchers:
+        watcher.start()
+    caller = Incident(client(server), incident_prefix(world, 0), 0, ())
+    caller.call(FAILURE, "test", range(size))
+    time.sleep(0.5)  # both answered and wait for the verdict
+    assert int(server.add(caller.key("count"), 0)) == 2
+    started = time.monotonic()
+    assert watchers[1].halt(watchers[1].side, 10.0)
+    assert time.monotonic() - started < 2.0
+    time.sleep(0.3)
+    assert not server.check([caller.key("verdict")]) and watchers[0]._thread.is_alive() and not fenced
+    assert watchers[0].halt(watchers[0].side, 10.0) and not fenced
+    for key in [caller.key(name) for name in liveness.INCIDENT_KEYS] + [wake_key(world, 0, 2)]:
+        server.delete_key(key)
+
+
 def play_barrier(
     server: Any, prefix: str, members: int, arriving: list[int], probe: Any = None, deadline_s: float = 30.0
 ) -> dict[int, Any]:

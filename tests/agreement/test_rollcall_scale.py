@@ -100,9 +100,9 @@ def test_a_roll_call_of_1024_ranks_with_one_dead_in_constant_operations_per_rank
     row = rows[0]
     assert row["store_ops_simulated_rank"] == len(rollcall.SCRIPT) == 9
     assert row["live_named_dead"] == 0
-    # Closers, whatever the number of ranks: 16 at most measured (their wait for I/woken included); one that is also
-    # the last reader deletes the incident's 7 keys more.
-    assert row["store_ops_closers"] and max(row["store_ops_closers"]) <= 23
+    # Closers, whatever the number of ranks: 17 at most (their wait for I/woken and read of the call included); one
+    # that is also the last reader deletes the incident's 7 keys more.
+    assert row["store_ops_closers"] and max(row["store_ops_closers"]) <= 24
 
 
 @pytest.mark.stress
@@ -110,4 +110,4 @@ def test_a_roll_call_of_1024_ranks_with_one_dead_in_constant_operations_per_rank
 def test_a_roll_call_of_16384_ranks_names_only_the_dead_rank() -> None:
     rows = rollcall.run([16384], processes=2, connections=256, repeats=1)  # raises unless all read the same verdict
     assert rows[0]["live_named_dead"] == 0
-    assert max(rows[0]["store_ops_closers"]) <= 23
+    assert max(rows[0]["store_ops_closers"]) <= 24
