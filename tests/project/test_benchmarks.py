@@ -56,16 +56,18 @@ def test_size_sweep() -> None:
 
 def test_summary_ratio() -> None:
     rows = [
-        {"family": "tp", "size_bytes": s, "impl": impl, "busbw_gbps": bw, "time_us_median": t}
-        for s, impl, bw, t in [
-            (1024, "hypergrid", 1.0, 10.0),
-            (1024, "raw", 2.0, 20.0),
-            (2048, "hypergrid", 3.0, 8.0),
-            (2048, "raw", 3.0, 8.0),
+        {"family": "tp", "size_bytes": s, "impl": impl, "busbw_gbps": bw, "time_us": mean, "time_us_median": t}
+        for s, impl, bw, mean, t in [
+            (1024, "hypergrid", 1.0, 20.0, 10.0),  # busbw halved: the mean time doubled
+            (1024, "raw", 2.0, 10.0, 20.0),
+            (2048, "hypergrid", 3.0, 8.0, 8.0),
+            (2048, "raw", 3.0, 8.0, 8.0),
         ]
     ]
     assert allreduce.summary(rows, 1024) == [("tp", 1024, 1.0, 2.0, 0.5, 2.0)]
     assert allreduce.summary(rows, 10**6) == [("tp", 2048, 3.0, 3.0, 1.0, 1.0)]
+    one_rank = [{**row, "busbw_gbps": 0.0} for row in rows]  # nccl-tests' factor 2(n-1)/n is 0 (the device check's)
+    assert allreduce.summary(one_rank, 1024) == [("tp", 1024, 0.0, 0.0, 0.5, 2.0)]
 
 
 def test_families_argument() -> None:
