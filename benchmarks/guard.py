@@ -81,7 +81,14 @@ class CountingStore:
         self._count("set", key, value)
 
     def get(self, key: str) -> bytes:
-        return bytes(self._count("get", key))
+        return bytes(self._count("get", key))  # (one call; torch's client sends two requests, a WAIT and the GET)
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return self.store.timeout  # type: ignore[no-any-return]  # (the client's own setting: no request)
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self.store.set_timeout(timeout)
 
     def wait(self, keys: list[str], *timeout: datetime.timedelta) -> None:
         self._count("wait", keys, *timeout)

@@ -72,8 +72,7 @@ SCRIPT = (
     "read call",  # woken: Incident.answer
     "append alive",
     "add count",
-    "wait verdict",  # Incident.close (diagnosis.wait_for)
-    "check verdict",
+    "wait verdict",  # Incident.close (diagnosis.get_until: torch's get, a WAIT and then the GET)
     "read verdict",
     "add read",  # Incident.conclude
     "delete wake",
@@ -104,11 +103,7 @@ class _Socket:
         )
         verdict = f"{prefix}/verdict"
         self.conclude = [
-            wire.check([verdict])
-            + wire.compare_set(verdict, ABSENT, ABSENT)
-            + wire.add(f"{prefix}/read", 1)
-            + wire.delete_key(wake)
-            for wake in self.wakes
+            wire.get(verdict) + wire.add(f"{prefix}/read", 1) + wire.delete_key(wake) for wake in self.wakes
         ]
         self.woken = self.woken_at = self.answered = 0.0
         self.heard = 0.0
@@ -142,12 +137,12 @@ class _Socket:
         yield wire.wait([f"{self.prefix}/verdict"]), wire.FLAG
         conclude = b"".join(self.conclude[index] for index in waiting)
         conclude += wire.wait([self.following[index] for index in waiting])  # idle again (never answered here)
-        head = yield conclude, wire.FLAG + wire.INT  # the check's answer, then the verdict's length
-        size = struct.unpack_from("<Q", head, wire.FLAG)[0]
-        per = wire.FLAG + wire.INT + size + wire.INT + wire.INT
+        head = yield conclude, wire.INT  # the verdict's length
+        size = struct.unpack_from("<Q", head)[0]
+        per = wire.INT + size + wire.INT + wire.INT
         data = head + (yield b"", len(waiting) * per - len(head))
         self.heard = time.time()
-        at_verdict = wire.FLAG + wire.INT
+        at_verdict = wire.INT
         for at in range(0, len(data), per):
             self.verdicts.add(data[at + at_verdict : at + at_verdict + size])
             self.last_reader |= struct.unpack_from("<q", data, at + at_verdict + size)[0] >= self.readers

@@ -22,10 +22,10 @@ import struct
 import time
 from collections.abc import Sequence
 
-__all__ = ["add", "append", "check", "compare_set", "connect", "delete_key", "receive", "wait"]
+__all__ = ["add", "append", "check", "compare_set", "connect", "delete_key", "get", "receive", "wait"]
 
 # torch's QueryType (TCPStoreBackend.hpp), in order.
-VALIDATE, _SET, COMPARE_SET, _GET, ADD, CHECK, WAIT, _NUM_KEYS, DELETE_KEY, APPEND = range(10)
+VALIDATE, _SET, COMPARE_SET, GET, ADD, CHECK, WAIT, _NUM_KEYS, DELETE_KEY, APPEND = range(10)
 PING = 13
 MAGIC = 0x3C85F7CE  # validationMagicNumber
 #: The sizes of the answers: a check's and a wait's are one byte, an add's and a delete's an int64.
@@ -55,6 +55,11 @@ def check(keys: Sequence[str]) -> bytes:
 
 def wait(keys: Sequence[str]) -> bytes:
     return bytes([WAIT]) + struct.pack("<Q", len(keys)) + b"".join(_key(key) for key in keys)
+
+
+def get(key: str) -> bytes:
+    """The read that follows the wait of torch's ``get`` (its answer: an int64 length, then the value)."""
+    return bytes([GET]) + _key(key)
 
 
 def delete_key(key: str) -> bytes:

@@ -32,6 +32,7 @@ __all__ = [
     "alive_of",
     "announce_key",
     "await_value",
+    "get_until",
     "is_open",
     "last_seen",
     "parse_runs",
@@ -150,6 +151,33 @@ def wait_for(store: Any, key: str, deadline: float, stop: Callable[[], bool] | N
         if stop is not None and stop():
             return False
     return bool(store.check([key]))
+
+
+def get_until(store: Any, key: str, until: float, stop: Callable[[], bool] | None = None) -> bytes | None:
+    """``key``'s value once it exists, or None at ``until`` (``time.monotonic()``) or once ``stop()`` says so.
+
+    torch's ``get``: a ``wait`` (bounded by ``until`` through the client's timeout, restored after), then the read,
+    two requests. A wait that returns without the key (woken by a `read` of it while absent, as
+    `hypergrid.agreement.liveness.Incident.interrupt` does) reads ``b""``, torch's answer for an absent key, and
+    wakes no other waiter (a `read` would wake them all: a storm where many wait): for keys never written empty.
+    """
+    previous = store.timeout
+    try:
+        while (left := until - time.monotonic()) > 0:
+            store.set_timeout(datetime.timedelta(seconds=left))
+            try:
+                data = bytes(store.get(key))
+            except RuntimeError as error:  # DistStoreError: ``until`` passed (any other error is the caller's)
+                if "timeout" not in str(error):
+                    raise
+                return None
+            if data:
+                return data
+            if stop is not None and stop():
+                return None
+        return None
+    finally:
+        store.set_timeout(previous)
 
 
 def await_value(store: Any, key: str, until: float) -> bytes | None:

@@ -47,8 +47,8 @@ shrink ended keeps one record (`ended_key`: the ranks left behind), read by a
 rank stopped through the whole shrink whenever it resumes.
 
 Per rank and incident, from its wake to its next wait: read the call,
-append, count, wait, look for the verdict, read it, count the read, delete
-its wake key, wait on the next incident's: 9 store operations, whatever the
+append, count, wait for the verdict and read it (torch's ``get``), count the
+read, delete its wake key, wait on the next incident's: 8 requests, whatever the
 number of ranks (a closer adds its wait for ``I/woken``, the reads of the call,
 the left list and the roster, and the verdict; the last reader 7 deletes). The
 caller writes the wake keys in one ``multi_set`` per `MULTI_SET_KEYS` ranks.
@@ -330,9 +330,9 @@ class Incident:
             until = min(fallback, woken + liveness + (woken - seen))
         else:
             until = fallback
-        if diagnosis.wait_for(self.store, self.key("verdict"), until, self.stop):
-            data = diagnosis.read(self.store, self.key("verdict"))
-            return None if data is None else Verdict.decode(data)
+        data = diagnosis.get_until(self.store, self.key("verdict"), until, self.stop)
+        if data is not None:
+            return Verdict.decode(data)
         if self.stop() or diagnosis.read(self.store, self.key("call")) is None:
             return None  # stopped, or an answer too late: the others read the verdict that names it and went on
         left = set(_ranks(diagnosis.read(self.store, self.left_key)))
