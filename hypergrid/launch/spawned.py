@@ -181,6 +181,9 @@ def worker(
             backend, store=store, rank=rank, world_size=nprocs, timeout=timeout, device_id=device_id
         )
         track(dist.group.WORLD, opened(before))  # severed if the world fails (a gloo abort)
+        # Every rank's connections are up before any runs ``fn``: a rank that returned at once and exited would close
+        # its side under a peer still in gloo's connectFullMesh ("Connection closed by peer": once in a make test).
+        dist.barrier()
         value = fn(*args)
     except BaseException:
         results.put((rank, FAILED, traceback.format_exc()))
