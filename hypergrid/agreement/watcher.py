@@ -16,7 +16,7 @@ roll call, reads the verdict and acts on it:
 `Watcher.report` is what a rank calls when it sees a failure (or, with ``probe``, when a wait lasts too long): it
 opens the current incident and returns the verdict. Nothing runs on a healthy step: the thread is blocked in one
 ``wait``, which never times out (torch logs each store wait that does). `Watcher.halt` (its world's ``close``) ends
-the thread without waking any other rank's.
+the thread; no other rank's answers for it (a wait of theirs it interrupts waits again).
 
 A watcher belongs to its world (`hypergrid.agreement.world.World`), which starts it with the first grid of the world
 when the world has more than one rank, a backend other than torch's ``fake``, a store that can open a second
