@@ -140,6 +140,11 @@ def reform_world(
         bounded = timeout if bound_s is None else min(timeout, datetime.timedelta(seconds=bound_s))
         store = dist.PrefixStore(world_prefix(number), epoch.base_store)  # type: ignore[attr-defined]
         before = sockets.snapshot()
+        # torch names the default group from a counter (its keys in ``store`` go under that name) and counts it
+        # before the rendezvous: a member whose last attempt failed inside init_process_group kept the count that a
+        # member whose attempt got further had reset (destroy_process_group does), so their names, and keys, would
+        # differ in every attempt after. No world is formed here: the count torch's destroy leaves.
+        c10d._world.group_count = 0
         dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=bounded)
         sockets.track(dist.group.WORLD, sockets.opened(before))
         # torch keeps the group's keys under "<group name>/" in the store it is given (torch 2.4 to 2.13)
