@@ -164,8 +164,11 @@ def spawn(
         nprocs: number of workers (the world size).
         args: positional arguments for ``fn``.
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per worker).
-        timeout_s: hard limit for the whole run, in seconds; also the
-            collectives' timeout.
+        timeout_s: hard limit for the whole run, in seconds, counted from
+            the call. The workers' collectives and store waits time out
+            `hypergrid.launch.spawned.OUTLAST_S` later, so that a hang is ended by this limit, which
+            names every running rank with its stack, not by one rank's
+            timeout racing it.
         allow_deaths: for fault-injection tests: a worker that dies without
             reporting yields a ``WorkerDeath`` in the results instead of
             stopping the run, so the other ranks' outcomes can be inspected.
@@ -237,10 +240,11 @@ def spawn(
         )
         for rank in range(nprocs)
     ]
+    deadline = time.monotonic() + timeout_s  # (before any worker starts: it outlasts each of their timeouts)
     try:
         for process in processes:
             process.start()
-        values = _collect(processes, results, timeout_s, allow_deaths, stack_dir)
+        values = _collect(processes, results, timeout_s, deadline, allow_deaths, stack_dir)
     finally:
         _stop(processes)
         shutil.rmtree(stack_dir, ignore_errors=True)
@@ -259,13 +263,12 @@ def _check_function(fn: object) -> None:
 
 
 def _collect(
-    processes: list[Any], results: Any, timeout_s: float, allow_deaths: bool, stack_dir: str
+    processes: list[Any], results: Any, timeout_s: float, deadline: float, allow_deaths: bool, stack_dir: str
 ) -> dict[int, Any]:
-    """Gather every worker's value; raise on the first failure, silent death or the deadline."""
+    """Gather every worker's value; raise on the first failure, silent death or ``deadline`` (``timeout_s`` in all)."""
     nprocs = len(processes)
     values: dict[int, Any] = {}
     exited_at: dict[int, float] = {}  # ranks seen exited without a message, and when
-    deadline = time.monotonic() + timeout_s
     while len(values) < nprocs:
         try:
             rank, outcome, value = results.get(timeout=0.2)

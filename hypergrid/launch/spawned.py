@@ -34,7 +34,16 @@ from hypergrid.launch.sockets import opened, snapshot, track
 from hypergrid.launch.stacks import enable_stack_dumps
 from hypergrid.validation import check_choice
 
-__all__ = ["START_METHODS", "LauncherStreams", "adopt_streams", "pickled", "start_context", "tie_to_launcher", "worker"]
+__all__ = [
+    "OUTLAST_S",
+    "START_METHODS",
+    "LauncherStreams",
+    "adopt_streams",
+    "pickled",
+    "start_context",
+    "tie_to_launcher",
+    "worker",
+]
 
 #: Where the launcher hosts the store.
 HOST = "127.0.0.1"
@@ -43,8 +52,14 @@ FAILED, RETURNED, UNPICKLABLE = "failed", "returned", "unpicklable"
 
 #: How ``spawn`` may start its workers, in order of preference: ``None`` picks the first this platform has.
 START_METHODS = ("forkserver", "spawn")
-#: What the forkserver imports once, so that no worker forked from it imports them again.
-PRELOAD = ("torch", "torch.distributed", "torch.multiprocessing", "hypergrid")
+#: How much longer than ``spawn``'s ``timeout_s`` a worker's collectives and store waits last. Equal, a rank's own
+#: timeout raced the launcher's: a deadlocked pair's send timed out in gloo (one rank's traceback) before the launcher
+#: named both ranks with their stacks, once workers started fast enough (the forkserver imports the grid: 2026-11-28).
+OUTLAST_S = 5.0
+#: What the forkserver imports once, so that no worker forked from it imports them again: torch's ``_dynamo`` too,
+#: which a process's first optimizer imports (1.3 s of CPU each: 4 s of a 6-worker job's first step on 2 cores),
+#: and hypergrid's grid (a missing module is skipped: multiprocessing ignores its ImportError).
+PRELOAD = ("torch", "torch.distributed", "torch.multiprocessing", "torch._dynamo", "hypergrid", "hypergrid.grid")
 
 
 def start_context(start_method: str | None) -> Any:
@@ -170,7 +185,7 @@ def worker(
     )
     try:
         enable_stack_dumps(stack_dir, rank)
-        timeout = datetime.timedelta(seconds=timeout_s)
+        timeout = datetime.timedelta(seconds=timeout_s + OUTLAST_S)  # the launcher's limit ends a hang (`OUTLAST_S`)
         store = TCPStore(HOST, port, is_master=False, timeout=timeout)
         device_id = None
         if backend == "nccl":

@@ -10,7 +10,9 @@ the group size elsewhere (gloo has no ``AVG``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,10 +28,27 @@ from hypergrid.values import first_line, shown
 
 __all__ = ["Gradients", "gradient_buckets", "local_gradient"]
 
-try:  # torch >= 2.5; 2.4 has it under a private name
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover - depends on the torch release
-    from torch.distributed._tensor import DTensor  # type: ignore[attr-defined]
+#: Where torch defines ``DTensor``: torch >= 2.5, and 2.4's private name.
+_DTENSOR_MODULES = ("torch.distributed.tensor", "torch.distributed._tensor")
+
+
+def _is_dtensor(grad: object) -> bool:
+    """Whether ``grad`` is a ``DTensor``, without importing torch's DTensor module.
+
+    Importing it costs about a second of CPU in every process (it pulls in sympy): 3 s of a
+    6-worker job's start on 2 cores. A DTensor exists only once its module was imported, so
+    the module is looked up among those already imported.
+
+    Examples:
+        >>> _is_dtensor(torch.ones(1))
+        False
+    """
+    for name in _DTENSOR_MODULES:
+        dtensor = getattr(sys.modules.get(name), "DTensor", None)
+        if dtensor is not None and isinstance(grad, dtensor):
+            return True
+    return False
+
 
 _BACKENDS_WITH_AVG = ("nccl",)
 
@@ -124,13 +143,14 @@ def local_gradient(grad: torch.Tensor, index: int, members: Sequence[int]) -> to
         >>> local_gradient(torch.ones(2), 0, [0, 1]).tolist()
         [1.0, 1.0]
     """
-    if not isinstance(grad, DTensor):
+    if not _is_dtensor(grad):
         return grad
-    mesh = grad.device_mesh
+    dtensor: Any = grad  # a DTensor (its class is not imported here: `_is_dtensor`)
+    mesh = dtensor.device_mesh
     names = mesh.mesh_dim_names or tuple(str(dim) for dim in range(mesh.ndim))
     where = {int(rank): coordinate for coordinate, rank in np.ndenumerate(mesh.mesh.cpu().numpy())}
     mine = where.get(dist.get_rank())
-    for dim, placement in enumerate(grad.placements):
+    for dim, placement in enumerate(dtensor.placements):
         what = f"parameter {index} (shape {list(grad.shape)}) has a DTensor gradient {shown(placement)} over mesh dim"
         if placement.is_partial():
             raise InvalidArgumentError(
@@ -143,7 +163,7 @@ def local_gradient(grad: torch.Tensor, index: int, members: Sequence[int]) -> to
                 "shards, and averaging them would mix different parts; pass parameters the family replicates "
                 "(tensor-parallel shards over dp), or let FSDP2 reduce its own gradients"
             )
-    local: torch.Tensor = grad.to_local()
+    local: torch.Tensor = dtensor.to_local()
     return local
 
 

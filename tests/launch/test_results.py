@@ -46,9 +46,9 @@ def test_an_unpicklable_result_names_the_rank_and_quotes_pickle() -> None:
 @pytest.mark.timeout(120)
 def test_a_deadlock_shows_each_ranks_blocking_line() -> None:
     with pytest.raises(WorkerError) as error:
-        spawn(workers.deadlock, 2, timeout_s=15)
+        spawn(workers.deadlock, 2, timeout_s=8)
     message = str(error.value)
-    assert "timed out after 15 s waiting for rank(s) [0, 1] of 2" in message
+    assert "timed out after 8 s waiting for rank(s) [0, 1] of 2" in message
     sections = re.split(r"\n(?=rank \d is at:)", message.split("(most recent call last):\n", 1)[1])
     assert [section.splitlines()[0] for section in sections] == ["rank 0 is at:", "rank 1 is at:"], message
     lines = [

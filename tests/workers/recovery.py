@@ -161,6 +161,7 @@ def die_in_shrink(first: int, second: int, point: str) -> dict[str, Any]:
     """
     grid = _grid()
     rank = dist.get_rank()
+    base = _base()  # (a retired rank has no default group at its end)
     out: dict[str, Any] = {"old_rank": rank}
     if rank == second:
         _arm(point)
@@ -187,6 +188,8 @@ def die_in_shrink(first: int, second: int, point: str) -> dict[str, Any]:
         out["shape"] = list(regrid.grid.shape)
         out["sum"] = _step(regrid.grid)
         out["keys"] = list(map(str, regrid.grid.created_keys))
+    if point == "stop" and base.add("test/survivors-done", 1) == 4:  # the stopped rank resumes after them all
+        os.kill(int(base.get("test/stopped").decode()), signal.SIGCONT)
     return out
 
 
@@ -231,10 +234,12 @@ def _arm(point: str) -> None:
         Elastic.recreate = recreate  # type: ignore[method-assign]
     elif point == "step":  # dies where the others wait in the new world's first all-reduce
         recovery.Recovery.agree_step = die  # type: ignore[method-assign]
-    elif point == "stop":  # stopped there instead (its connections stay open): resumed 30 s later, it exits
+    elif point == "stop":  # stopped there instead (its connections stay open): resumed once every survivor is done
+        # (`die_in_shrink`; 60 s at the latest, should a survivor never get there), it exits
 
         def stop(*args: Any) -> None:
-            subprocess.Popen(["sh", "-c", f"sleep 30; kill -CONT {os.getpid()}"])
+            _base().set("test/stopped", str(os.getpid()))
+            subprocess.Popen(["sh", "-c", f"sleep 60; kill -CONT {os.getpid()} 2>/dev/null"])
             os.kill(os.getpid(), signal.SIGSTOP)
             _die("exit")
 
