@@ -95,6 +95,13 @@ def environment() -> dict[str, str]:
     return {key: os.environ[key] for key in keys} | {"dist_rank": str(dist.get_rank())}
 
 
+def imported(names: list[str]) -> list[str]:
+    """Which of the modules ``names`` this worker had imported when its function began."""
+    import sys
+
+    return [name for name in names if name in sys.modules]
+
+
 def variable(name: str) -> str | None:
     """The worker's value of the environment variable ``name`` (None: not set)."""
     return os.environ.get(name)
