@@ -1,10 +1,9 @@
 """The worker side of ``spawn``: how a worker is started, tied to its launcher, and what it reports.
 
 ``spawn`` starts its workers from a forkserver that imported torch and the grid once (`PRELOAD`), or a fresh
-interpreter each: why, what it costs and what a forked worker inherits are in docs/api.md ("How workers start"). The
-server's environment is
-the launcher's at its first ``spawn``; each worker replaces it with the launcher's at the call (``worker``), and
-its stdout and stderr (``LauncherStreams``).
+interpreter each: why, what it costs and what a forked worker inherits are in docs/api.md ("How workers start").
+The server's environment is the launcher's at its first ``spawn``; each worker replaces it with the launcher's at
+the call (``worker``), and its stdout and stderr (``LauncherStreams``).
 
 A forkserver's worker is the server's child, not the launcher's, and the
 server lives until its launcher and every worker it forked have closed its

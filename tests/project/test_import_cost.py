@@ -1,9 +1,9 @@
 """What importing hypergrid costs a process: never torch's heavy lazy modules, which the forkserver imports instead.
 
-torch's DTensor module pulls in sympy (0.7 to 1 s of CPU a process) and ``torch._dynamo`` (which a process's first
-optimizer imports) 1.3 s: a grid that imported them made every rank of every job pay, 3 s of a 6-worker start on
-2 cores. ``hypergrid.spawn``'s forkserver imports ``torch._dynamo`` and the grid once, so a forked worker finds them
-imported (`hypergrid.launch.spawned.PRELOAD`); a fresh interpreter does not.
+torch's DTensor module pulls in sympy (0.7 to 1 s of CPU a process): a grid that imported it made every rank of
+every job pay, 3 s of a 6-worker start on 2 cores. ``torch._dynamo`` (1.3 s), which a process's first optimizer
+imports, and the grid are imported once by ``hypergrid.spawn``'s forkserver, so a forked worker finds them imported
+(`hypergrid.launch.spawned.PRELOAD`); a fresh interpreter does not.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -97,8 +98,6 @@ def environment() -> dict[str, str]:
 
 def imported(names: list[str]) -> list[str]:
     """Which of the modules ``names`` this worker had imported when its function began."""
-    import sys
-
     return [name for name in names if name in sys.modules]
 
 
