@@ -64,10 +64,20 @@ from benchmarks import store_wire as wire
 from benchmarks.common import median, progress, write_json
 from benchmarks.guard import CountingStore
 from hypergrid.agreement.diagnosis import ABSENT
-from hypergrid.agreement.liveness import FAILURE, INCIDENT_KEYS, Incident, Verdict, incident_prefix, wake_key
+from hypergrid.agreement.liveness import (
+    FAILURE,
+    INCIDENT_KEYS,
+    WAKE_BLOCK,
+    Incident,
+    Verdict,
+    done_key,
+    incident_prefix,
+    wake_keys,
+)
 from hypergrid.agreement.watcher import Watcher
 
-#: A watcher's store operations for one incident that it does not close, from the wake to waiting again.
+#: A watcher's store operations for one incident that it does not close, from the wake to waiting again, when it is
+#: the first live rank of its wake block (`hypergrid.agreement.liveness.wake_key`); the others' leave out "delete wake".
 SCRIPT = (
     "read call",  # woken: Incident.answer
     "append alive",
@@ -75,9 +85,16 @@ SCRIPT = (
     "wait verdict",  # Incident.close (diagnosis.get_until: torch's get, a WAIT and then the GET)
     "read verdict",
     "add read",  # Incident.conclude
-    "delete wake",
+    "delete wake",  # (the first of its block only)
     "wait wake",  # the watcher's loop: the next incident's wake key
 )
+
+
+def script(first_of_block: bool) -> tuple[str, ...]:
+    """`SCRIPT` for a rank that is the first live rank of its wake block, or not."""
+    return SCRIPT if first_of_block else tuple(step for step in SCRIPT if step != "delete wake")
+
+
 TEXT = "benchmark"
 _TIMEOUT = datetime.timedelta(seconds=900)
 
@@ -92,8 +109,7 @@ class _Socket:
         prefix = incident_prefix(world, 0)
         self.prefix, self.world = prefix, world
         call = f"{prefix}/call"
-        self.wakes = [wake_key(world, 0, rank) for rank in ranks]
-        self.following = [wake_key(world, 1, rank) for rank in ranks]  # what each waits on once it read the verdict
+        self.wakes = wake_keys(world, 0, ranks)  # one per block (of `WAKE_BLOCK` ranks) among this socket's ranks
         self.idle = wire.check([call]) + wire.wait(self.wakes)  # (the check's answer: the server read the wait)
         self.answer = b"".join(
             wire.compare_set(call, ABSENT, ABSENT)
@@ -102,8 +118,11 @@ class _Socket:
             for rank in ranks
         )
         verdict = f"{prefix}/verdict"
-        self.conclude = [
-            wire.get(verdict) + wire.add(f"{prefix}/read", 1) + wire.delete_key(wake) for wake in self.wakes
+        self.conclude = [  # every rank here but rank ``readers`` is live: the first of a block has rank % 8 == 0
+            wire.get(verdict)
+            + wire.add(f"{prefix}/read", 1)
+            + (wire.delete_key(wake_keys(world, 0, [rank])[0]) if rank % WAKE_BLOCK == 0 else b"")
+            for rank in ranks
         ]
         self.woken = self.woken_at = self.answered = 0.0
         self.heard = 0.0
@@ -136,24 +155,33 @@ class _Socket:
             return
         yield wire.wait([f"{self.prefix}/verdict"]), wire.FLAG
         conclude = b"".join(self.conclude[index] for index in waiting)
-        conclude += wire.wait([self.following[index] for index in waiting])  # idle again (never answered here)
+        conclude += wire.wait(wake_keys(self.world, 1, [self.ranks[index] for index in waiting]))  # idle again
         head = yield conclude, wire.INT  # the verdict's length
         size = struct.unpack_from("<Q", head)[0]
-        per = wire.INT + size + wire.INT + wire.INT
-        data = head + (yield b"", len(waiting) * per - len(head))
+        # Per rank: the verdict (its length, then it), the count of reads; the first of a block: its delete's answer
+        sizes = [
+            wire.INT + size + wire.INT + (wire.INT if self.ranks[index] % WAKE_BLOCK == 0 else 0) for index in waiting
+        ]
+        data = head + (yield b"", sum(sizes) - len(head))
         self.heard = time.time()
-        at_verdict = wire.INT
-        for at in range(0, len(data), per):
-            self.verdicts.add(data[at + at_verdict : at + at_verdict + size])
-            self.last_reader |= struct.unpack_from("<q", data, at + at_verdict + size)[0] >= self.readers
-        if self.last_reader:  # Incident.conclude's clean-up
-            keys = [f"{self.prefix}/{name}" for name in INCIDENT_KEYS] + [wake_key(self.world, 0, self.readers)]
-            yield b"".join(wire.delete_key(key) for key in keys), len(keys) * wire.INT
+        at = 0
+        for each in sizes:
+            self.verdicts.add(data[at + wire.INT : at + wire.INT + size])
+            self.last_reader |= struct.unpack_from("<q", data, at + wire.INT + size)[0] >= self.readers
+            at += each
+        if self.last_reader:  # Incident.conclude's clean-up: ``done``, then the incident's keys and the dead's block's
+            keys = [f"{self.prefix}/{name}" for name in INCIDENT_KEYS] + wake_keys(self.world, 0, [self.readers])
+            clean_up = wire.set_key(done_key(self.world), "0") + b"".join(wire.delete_key(key) for key in keys)
+            yield clean_up, len(keys) * wire.INT
 
 
-def _close(port: int, one: _Socket, index: int, call: str, results: list[Any]) -> None:
-    """The real `Incident.close` and ``conclude`` for a simulated rank that answered first or second."""
-    store = CountingStore(TCPStore("127.0.0.1", port, is_master=False, timeout=_TIMEOUT))
+def _close(port: int, one: _Socket, index: int, call: str, results: list[Any], spare: list[Any]) -> None:
+    """The real `Incident.close` and ``conclude`` for a simulated rank that answered first or second.
+
+    On a connection opened before the call (``spare``), as a real watcher's is: opening one here would count
+    the connect (and this process's CPU share) in the closers' bound.
+    """
+    store = CountingStore(spare.pop() if spare else TCPStore("127.0.0.1", port, is_master=False, timeout=_TIMEOUT))
     size = one.readers + 1
     incident = Incident(store, one.prefix, one.ranks[index], range(size))
     incident._order = one.orders[index]  # what its answer (pipelined) returned
@@ -175,6 +203,8 @@ def drive(port: int, world: int, ranks: range, connections: int, readers: int, c
         for one in sockets:
             one.go_idle()
             one.sock.settimeout(600.0)
+        # The closers' connections (at most two ranks close): open before the call, as a real watcher's
+        spare = [TCPStore("127.0.0.1", port, is_master=False, timeout=_TIMEOUT) for _ in range(2)]
         queue.put(("ready", len(sockets)))
         selector = selectors.DefaultSelector()
         closers: list[threading.Thread] = []
@@ -197,7 +227,8 @@ def drive(port: int, world: int, ranks: range, connections: int, readers: int, c
                     else:
                         one.sock.sendall(payload)
                     while one.closing:
-                        thread = threading.Thread(target=_close, args=(port, one, one.closing.pop(), call, closed))
+                        closing = (port, one, one.closing.pop(), call, closed, spare)
+                        thread = threading.Thread(target=_close, args=closing)
                         thread.start()
                         closers.append(thread)
         for thread in closers:
@@ -294,7 +325,8 @@ def roll_call(server: Any, participants: int, processes: int, connections: int, 
         "closed_seconds": [round(c - called, 3) for f in figures for c in f["closed"]],
         "sockets": sockets + 1,
         "processes": processes,
-        "store_ops_simulated_rank": len(SCRIPT),
+        "store_ops_simulated_rank": len(SCRIPT),  # the first of a wake block; the others one fewer
+        "store_ops_simulated_rank_mean": len(SCRIPT) - 1 + 1 / WAKE_BLOCK,
         "store_ops_closers": ops,
         "live_named_dead": live_named_dead,
         "first_simulated_order": min(f["first_order"] for f in figures),
@@ -312,6 +344,9 @@ def run(sizes: list[int], processes: int, connections: int, repeats: int) -> lis
         for repeat in range(repeats):
             world += 1
             sample = roll_call(server, size, processes, connections, world)
+            if not server.check([done_key(world)]):  # the world's one key (its ranks' last leaver deletes it)
+                raise RuntimeError(f"the roll call of {size} did not write its world's {done_key(world)}")
+            server.delete_key(done_key(world))
             left = server.num_keys() - baseline
             if left:
                 named = sorted(server.list_keys())[:20]

@@ -22,10 +22,10 @@ import struct
 import time
 from collections.abc import Sequence
 
-__all__ = ["add", "append", "check", "compare_set", "connect", "delete_key", "get", "receive", "wait"]
+__all__ = ["add", "append", "check", "compare_set", "connect", "delete_key", "get", "receive", "set_key", "wait"]
 
 # torch's QueryType (TCPStoreBackend.hpp), in order.
-VALIDATE, _SET, COMPARE_SET, GET, ADD, CHECK, WAIT, _NUM_KEYS, DELETE_KEY, APPEND = range(10)
+VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, _NUM_KEYS, DELETE_KEY, APPEND = range(10)
 PING = 13
 MAGIC = 0x3C85F7CE  # validationMagicNumber
 #: The sizes of the answers: a check's and a wait's are one byte, an add's and a delete's an int64.
@@ -43,6 +43,10 @@ def _key(key: str) -> bytes:
 
 def add(key: str, value: int) -> bytes:
     return bytes([ADD]) + _key(key) + struct.pack("<q", value)
+
+
+def set_key(key: str, value: str) -> bytes:
+    return bytes([SET]) + _key(key) + _text(value)  # no answer
 
 
 def append(key: str, value: str) -> bytes:

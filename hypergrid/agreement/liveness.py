@@ -1,7 +1,7 @@
 """Who is alive, settled once for the whole world: the roll call behind every failure, O(1) store operations each.
 
 Every rank runs a watcher (`hypergrid.agreement.watcher`) that waits on its
-wake key of the world's next *incident*. A rank that sees a failure (a peer's
+block's wake key of the world's next *incident*. A rank that sees a failure (a peer's
 connection closed, a collective error, a wait that lasts too long) *calls* the
 incident; every watcher wakes, answers for its rank (even while its main
 thread is blocked in a collective), and the incident closes with a verdict
@@ -13,13 +13,15 @@ declared dead while its watcher answers, and the survivors always agree (one
 Keys of incident ``k`` of world ``w`` (``I = hypergrid/live/<w>/<k>``):
 
 - ``I/call``: ``failure <text>`` or ``probe <text>`` (the first caller wins);
-- ``I/wake/<rank>``: what ``rank``'s watcher blocks on (`wake_key`), written by the caller, deleted by its rank;
+- ``I/wake/<block>``: what the watchers of `WAKE_BLOCK` consecutive ranks block on (`wake_key`), written by
+  the caller, deleted by the block's lowest live rank;
 - ``I/alive``: one line per answer (read only when someone did not answer);
-- ``I/woken``: written by the caller once every rank's wake key is (the closers' bound runs from here, and no
-  rank deletes its wake key before it: see `wake_key`);
+- ``I/woken``: written by the caller once every block's wake key is (the closers' bound runs from here, and no
+  rank deletes a wake key before it: see `wake_key`);
 - ``I/count``: the answers so far;
 - ``I/verdict``: JSON ``{"kind", "dead", "text"}``, or ``{"kind": "minority", "alive"}``;
-- ``I/read``: how many live ranks read the verdict; the last deletes every key.
+- ``I/read``: how many live ranks read the verdict; the last writes the world's ``done`` (`done_key`), then
+  deletes every key.
 
 An incident closes as soon as every expected rank answered (no one is dead:
 a *failure* still ends the world's collectives, a *probe* changes nothing),
@@ -41,21 +43,27 @@ ranks, so the last ranks of a job that ends are neither fenced nor told that
 the others died.
 
 **Fencing.** A watcher that finds its incident's call or verdict gone after it
-woke (the live ranks read it and deleted it without this rank), or itself among
-the dead, fences its rank (`hypergrid.binding.alarm.fence`). A world that a
+woke while ``done`` says the incident is over (the live ranks read it and
+deleted it without this rank), or itself among the dead, fences its rank; woken
+without a call in an incident not over (a neighbour's close woke its block), it
+waits again (`hypergrid.binding.alarm.fence`). A world that a
 shrink ended keeps one record (`ended_key`: the ranks left behind), read by a
 rank stopped through the whole shrink whenever it resumes.
 
 Per rank and incident, from its wake to its next wait: read the call,
 append, count, wait for the verdict and read it (torch's ``get``), count the
-read, delete its wake key, wait on the next incident's: 8 requests, whatever the
-number of ranks (a closer adds its wait for ``I/woken``, the reads of the call,
-the left list and the roster, and the verdict; the last reader 7 deletes). The
-caller writes the wake keys in one ``multi_set`` per `MULTI_SET_KEYS` ranks.
+read, wait on the next incident's wake key: 7 requests, whatever the number of
+ranks, and one more for a block's lowest live rank (it deletes the block's
+wake key). A closer adds its wait for ``I/woken``, the reads of the call, the
+left list and the roster, and the verdict; the last reader writes ``done`` and
+deletes the incident's 6 keys and the dead ranks' blocks' wake keys. The
+caller writes one wake key per block, in one ``multi_set`` per `MULTI_SET_KEYS`
+keys.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import time
@@ -64,22 +72,37 @@ from dataclasses import dataclass
 from typing import Any
 
 from hypergrid.agreement import diagnosis
+from hypergrid.agreement.rollkeys import (
+    END,
+    PREFIX,
+    WAKE_BLOCK,
+    done_key,
+    end_text,
+    ended_key,
+    incident_prefix,
+    left_key,
+    wake_key,
+    wake_keys,
+)
 
 __all__ = [
     "END",
     "FAILURE",
+    "PREFIX",
     "PROBE",
+    "WAKE_BLOCK",
     "Incident",
     "Verdict",
     "bound_s",
+    "done_key",
     "end_text",
     "ended_key",
     "incident_prefix",
+    "left_key",
     "majority",
     "wake_key",
 ]
 
-PREFIX = "hypergrid/live"
 #: The incident kinds a caller can open.
 FAILURE, PROBE = "failure", "probe"
 #: ...at least this long per expected rank: the store serves the roll call at ~50 µs a rank.
@@ -93,75 +116,6 @@ MULTI_SET_KEYS = 256
 
 #: The keys of an incident, in the order its last reader deletes them (the call before ``woken``: see `Incident.call`).
 INCIDENT_KEYS = ("call", "woken", "alive", "count", "verdict", "read")
-
-#: The call that ends a world (its ranks moved to the next one): ``end [dead, readers]``.
-END = "end "
-
-
-def end_text(dead: Sequence[int], world_size: int, caller: int | None = None) -> str:
-    """The call that ends a world of ``world_size`` ranks whose ``dead`` were left behind.
-
-    Every other rank's watcher reads it once (the last deletes it); a rank it
-    names fences itself. ``caller`` makes each survivor's end differ: only the
-    one whose end opened the incident wakes the watchers (a second wake would stay).
-
-    Examples:
-        >>> end_text([3], 8), end_text([3], 8, caller=0)
-        ('end [[3], 7]', 'end [[3], 7, 0]')
-    """
-    return END + json.dumps([sorted(dead), world_size - len(set(dead)), *([] if caller is None else [caller])])
-
-
-def left_key(world: int) -> str:
-    """The key that lists the ranks of world ``world`` whose process ended normally.
-
-    Examples:
-        >>> left_key(0)
-        'hypergrid/live/0/left'
-    """
-    return f"{PREFIX}/{world}/left"
-
-
-def ended_key(world: int) -> str:
-    """The record that world ``world`` ended, and who was left behind (JSON list): the one key that stays.
-
-    Written by the survivors before the end's call, deleted by the next shrink's
-    commit or the destroy of the grid the shrink made: a rank stopped through
-    the whole shrink reads it whenever it resumes, and fences itself.
-
-    Examples:
-        >>> ended_key(0)
-        'hypergrid/live/0/ended'
-    """
-    return f"{PREFIX}/{world}/ended"
-
-
-def incident_prefix(world: int, number: int) -> str:
-    """The key prefix of incident ``number`` of world ``world``.
-
-    Examples:
-        >>> incident_prefix(2, 0)
-        'hypergrid/live/2/0'
-    """
-    return f"{PREFIX}/{world}/{number}"
-
-
-def wake_key(world: int, number: int, rank: int) -> str:
-    """The key ``rank``'s watcher in world ``world`` blocks on while it waits for incident ``number``.
-
-    A key of its own, so that its rank can wake it alone (to close it before the interpreter exits). The key is
-    the incident's: the watcher deletes it once it read the verdict (`Incident.conclude`) and waits on the next
-    incident's at once, which a call written meanwhile has set already (no look, delete and look again).
-
-    Never deleted before the caller's ``I/woken``: torch 2.13's server applies the first keys of a ``multi_set``
-    that reaches it in parts once per part (1 of 20 deletions made while a 1,024-key ``multi_set`` arrived was
-    undone). A verdict is published after ``I/woken`` (`Incident.close`); an end's reader waits for it.
-
-    Examples:
-        >>> wake_key(0, 2, 3)
-        'hypergrid/live/0/2/wake/3'
-    """
-    return f"{incident_prefix(world, number)}/wake/{rank}"
 
 
 def bound_s(ranks: int, liveness_s: float | None = None) -> float:
@@ -264,9 +218,9 @@ class Incident:
         """Open the incident (unless someone did first) and wake the watchers of ``wake``; the call in force.
 
         The rank whose call opened the incident writes the wake keys of
-        ``wake`` (`wake`), then ``I/woken``: every rank is woken, so the
-        closers' bound runs from here (`close`), and a rank may delete its
-        wake key (not before: see `wake_key`). Written after the incident
+        ``wake``'s blocks (`wake`), then ``I/woken``: every rank is woken, so
+        the closers' bound runs from here (`close`), and a wake key may be
+        deleted (not before: see `wake_key`). Written after the incident
         ended (every rank answered and read the verdict first), it is deleted
         again: the last reader deletes the call before ``woken``, so one of the
         two deletions finds it.
@@ -281,11 +235,11 @@ class Incident:
         return current.decode()
 
     def wake(self, ranks: Sequence[int]) -> None:
-        """Write the wake keys of ``ranks`` in this incident's world: one ``multi_set`` per `MULTI_SET_KEYS`."""
-        keys = [wake_key(self.world, self.number, rank) for rank in ranks]
+        """Write the wake keys of ``ranks``' blocks (`wake_key`): one ``multi_set`` per `MULTI_SET_KEYS` keys."""
+        keys = wake_keys(self.world, self.number, ranks)
         for start in range(0, len(keys), MULTI_SET_KEYS):
             chunk = keys[start : start + MULTI_SET_KEYS]
-            self.store.multi_set(chunk, [self.prefix] * len(chunk))
+            self.store.multi_set(chunk, [""] * len(chunk))  # (no value: fewer bytes for the server to read)
 
     def answer(self) -> str | None:
         """Answer the roll call for this rank; the call, or None where there is none.
@@ -349,26 +303,29 @@ class Incident:
         return f"{self.prefix.rsplit('/', 1)[0]}/left"
 
     def leave(self) -> None:
-        """This rank's process ends normally: list it as left (not dead); the last to leave deletes the list."""
+        """This rank's process ends normally: list it as left (not dead); the last to leave deletes the list
+        and the world's ``done`` (`done_key`)."""
         self.store.append(self.left_key, f"{self.rank}\n")
         if self.store.add(f"{self.left_key}-count", 1) >= len(self.expected):
-            self.store.delete_key(self.left_key)
-            self.store.delete_key(f"{self.left_key}-count")
+            for key in (self.left_key, f"{self.left_key}-count", done_key(self.world)):
+                self.store.delete_key(key)
 
     def read_end(self, call: str, deadline: float) -> tuple[int, ...]:
-        """This rank read the world's end (`end_text`): count it; the last reader deletes the call. The dead.
+        """This rank read the world's end (`end_text`): count it; the last reader deletes the call (and the world's
+        ``done``: a rank the end left behind is fenced by its record, `ended_key`). The dead.
 
-        Its wake key is deleted once the caller's ``I/woken`` is there (or at ``deadline``, ``time.monotonic()``:
-        a caller that died while it woke the others), not before (`wake_key`).
+        The lowest live rank of its block deletes the block's wake key once the caller's ``I/woken`` is there (or
+        at ``deadline``, ``time.monotonic()``: a caller that died while it woke the others), not before (`wake_key`).
         """
         dead, readers = json.loads(call[len(END) :])[:2]
         if self.rank in dead:
             return tuple(dead)
-        diagnosis.wait_for(self.store, self.key("woken"), deadline)
-        self.store.delete_key(wake_key(self.world, self.number, self.rank))
-        if self.store.add(self.key("read"), 1) >= readers:
-            for name in ("call", "woken", "read"):
-                self.store.delete_key(self.key(name))
+        if self._first_of_block(set(dead)):
+            diagnosis.wait_for(self.store, self.key("woken"), deadline)
+            self.store.delete_key(wake_key(self.world, self.number, self.rank))
+        if self.store.add(self.key("read"), 1) >= readers:  # every live rank is past the world's incidents
+            for key in [self.key(name) for name in ("call", "woken", "read")] + [done_key(self.world)]:
+                self.store.delete_key(key)
         return tuple(dead)
 
     def conclude(self, verdict: Verdict) -> None:
@@ -377,12 +334,34 @@ class Incident:
             return  # a rank declared dead takes no part in the clean-up (the others may be done already)
         readers = len(verdict.alive) if verdict.kind == "minority" else len(self.expected) - len(verdict.dead)
         last = self.store.add(self.key("read"), 1) >= readers
-        self.store.delete_key(wake_key(self.world, self.number, self.rank))  # after I/woken, as the verdict (`close`)
+        if self._first_of_block(set(verdict.dead), verdict.alive if verdict.kind == "minority" else None):
+            self.store.delete_key(wake_key(self.world, self.number, self.rank))  # after I/woken, as the verdict
         if last:
+            # First: a rank woken without a call (its block's key, written for this incident) finds it over
+            self.store.set(done_key(self.world), str(self.number))
             for name in INCIDENT_KEYS:
                 self.store.delete_key(self.key(name))
-            for rank in verdict.dead:  # the dead never delete the wake key the call wrote for them
-                self.store.delete_key(wake_key(self.world, self.number, rank))
+            for key in wake_keys(self.world, self.number, verdict.dead):  # a block of the dead may have no reader
+                self.store.delete_key(key)
+
+    def _first_of_block(self, dead: set[int], alive: Sequence[int] | None = None) -> bool:
+        """Whether no lower rank of this rank's wake block reads the verdict: one of ``alive`` (a minority's
+        verdict), else expected (sorted: a binary search, O(`WAKE_BLOCK` log N)) and not ``dead``."""
+        readers = None if alive is None else set(alive)
+
+        def reads(rank: int) -> bool:
+            if readers is not None:
+                return rank in readers
+            at = bisect.bisect_left(self.expected, rank)
+            return at < len(self.expected) and self.expected[at] == rank and rank not in dead
+
+        return not any(reads(rank) for rank in range(self.rank - self.rank % WAKE_BLOCK, self.rank))
+
+    def over(self) -> bool:
+        """Whether every live rank read this incident's verdict (``done``): one read. A rank woken without a call
+        in an incident not over was woken by a neighbour's close (`wake_key`)."""
+        data = diagnosis.read(self.store, done_key(self.world))
+        return data is not None and int(data) >= self.number
 
     def interrupt(self, store: Any) -> None:
         """End this incident's waits on an absent key from ``store`` (torch wakes the waiters of a key that

@@ -1,22 +1,22 @@
 """Each rank's watcher: one thread, blocked on one store key, that answers for its rank and spreads failure news.
 
-The thread waits on its rank's wake key for the next incident (`hypergrid.agreement.liveness.wake_key`) on a store
-connection of its own (a store client serves one call at a time, and the main thread's may be blocked);
-`Watcher.side` serves short calls from other threads (reports, probes, a barrier failed from outside). When any rank
-calls the world's next incident, it writes every expected rank's wake key; every watcher wakes at once, answers the
-roll call, reads the verdict and acts on it:
+The thread waits on its block's wake key for the next incident (`hypergrid.agreement.liveness.wake_key`: one per 8
+consecutive ranks) on a store connection of its own (a store client serves one call at a time, and the main thread's
+may be blocked); `Watcher.side` serves short calls from other threads (reports, probes, a barrier failed from
+outside). When any rank calls the world's next incident, it writes the wake key of every block of expected ranks;
+every watcher wakes at once, answers the roll call, reads the verdict and acts on it:
 
-- a failure (or a probe that found dead ranks): `hypergrid.binding.alarm.sound`
-  ends every grid wait of its rank with ``RankFailure`` naming the dead, and
-  the callbacks of `Watcher.on_failure` (its first failure) and of
+- a failure (or a probe that found dead ranks): `hypergrid.binding.alarm.sound` ends every grid wait of its rank
+  with ``RankFailure`` naming the dead, and the callbacks of `Watcher.on_failure` (its first failure) and of
   `Watcher.on_dead` (each verdict naming dead: ``shrink``'s attempts) run;
-- its own rank declared dead, or on the minority side, or the incident gone
-  (the others moved on without it): `hypergrid.binding.alarm.fence`.
+- its own rank declared dead, or on the minority side, or the incident over without it (the others moved on):
+  `hypergrid.binding.alarm.fence`.
 
 `Watcher.report` is what a rank calls when it sees a failure (or, with ``probe``, when a wait lasts too long): it
 opens the current incident and returns the verdict. Nothing runs on a healthy step: the thread is blocked in one
 ``wait``, which never times out (torch logs each store wait that does). `Watcher.halt` (its world's ``close``) ends
-the thread; no other rank's answers for it (a wait of theirs it interrupts waits again).
+the thread; no other rank's answers for it (the watchers of its block, which it wakes too, and any wait of theirs it
+interrupts, wait again).
 
 A watcher belongs to its world (`hypergrid.agreement.world.World`), which starts it with the first grid of the world
 when the world has more than one rank, a backend other than torch's ``fake``, a store that can open a second
@@ -123,7 +123,7 @@ class Watcher:
         return self
 
     def stop(self) -> str:
-        """Stop answering (this rank leaves the world); the thread ends at its next wake-up. The key that wakes it."""
+        """Stop answering (this rank leaves the world); the thread ends at its next wake-up. Its block's wake key."""
         with self._changed:  # (`_handle` moves to the next incident under it: the thread waits on this key, or stops)
             self.stopped = True
             self._changed.notify_all()
@@ -133,24 +133,21 @@ class Watcher:
         """Stop, wake the thread and join it; whether it ended within ``timeout_s``.
 
         ``store``: a connection other than the thread's (the world's call store; one already gone is no error).
-        The thread is woken by its own wake key (deleted again once it ended), or in an incident by
-        `Incident.interrupt` every 0.1 s (see `join`).
+        Every 0.1 s until the thread ended, a read of its block's wake key, which wakes the key's waiters and
+        writes nothing (the block's other watchers look for a call and wait again: `_handle`), and in an
+        incident `Incident.interrupt` (see `join`).
         """
         key = self.stop()
-        if self.join(0.0):
-            return True
         deadline = time.monotonic() + timeout_s
-        with contextlib.suppress(RuntimeError):
-            store.set(key, "close")
-        while not self.join(min(0.1, max(deadline - time.monotonic(), 0.0))):
-            incident = self._incident
+        while not self.join(0.0):
             if time.monotonic() >= deadline:
                 return False
-            if incident is not None:
-                with contextlib.suppress(RuntimeError):
+            incident = self._incident
+            with contextlib.suppress(RuntimeError):
+                diagnosis.read(store, key)
+                if incident is not None:
                     incident.interrupt(store)
-        with contextlib.suppress(RuntimeError):
-            store.delete_key(key)
+            self.join(min(0.1, max(deadline - time.monotonic(), 0.0)))
         return True
 
     def join(self, timeout_s: float) -> bool:
@@ -235,7 +232,7 @@ class Watcher:
                 wake = wake_key(self.world, self.number, self.rank)
                 if not self._sleep(wake):
                     continue
-                if self.stopped:  # a close's wake (`halt` deletes it), or this rank's own call (`depart`: it is dead)
+                if self.stopped:  # a close's wake (`halt`), or this rank's own call (`depart`: it is dead)
                     break
                 if not self._handle(incident_prefix(self.world, self.number)):
                     break
@@ -295,11 +292,18 @@ class Watcher:
         seen = time.monotonic()
         incident = Incident(self.store, prefix, self.rank, list(self.expected))
         incident.stop = lambda: self.stopped
-        with self._changed:  # from here on a report joins this incident or calls the next
+        call = incident.answer()
+        if call is None:  # stopped (a close's wake), the world's end names it (fenced there), a neighbour's close,
+            if self.stopped or self._left_behind(self.store):  # or the others finished this incident without it
+                return False
+            if not incident.over():  # `Incident.over`: 3 reads, then it waits again (at most 7 watchers per close)
+                return True
+            self._fence(f"world {self.world} went on without this rank (incident {self.number} ended without it)")
+            return False
+        with self._changed:  # from here on a report joins this incident or calls the next (it answered)
             self._answered = self.number
             self._incident = incident
-        call = incident.answer()
-        if call is not None and call.startswith(END):
+        if call.startswith(END):
             dead = incident.read_end(call, seen + bound_s(len(self.expected), self.liveness_s))
             with self._changed:
                 self.end_dead = dead
@@ -308,9 +312,7 @@ class Watcher:
             else:
                 self.stop()
             return False
-        if call is None:  # woken, and no call (the others finished it without this rank, or ended the world)
-            self.store.delete_key(wake_key(self.world, self.number, self.rank))
-        verdict = None if call is None else incident.close(call, seen, self.liveness_s)
+        verdict = incident.close(call, seen, self.liveness_s)
         self._incident = None
         if verdict is None:  # no verdict: stopped (its process ends: `halt`), or the incident ended without it
             if not self.stopped and not self._left_behind(self.store):  # (the world's end names it: fenced there)
@@ -351,13 +353,11 @@ class Watcher:
     def report(self, kind: str, text: str) -> Verdict | None:
         """Call a roll call now (``"failure"`` or ``"probe"``); its verdict, with every rank found dead so far.
 
-        The incident the watcher waits on is called (or joined, if another
-        rank called it first); a failure that meets another rank's probe which
-        failed nothing calls the next one. The verdict's ``dead`` holds every
-        rank of the world found dead up to it. None when no verdict came in
-        time (the watcher stopped, or this rank was fenced:
-        `hypergrid.binding.alarm` says which). A world that ended without
-        this rank is never called again: the rank is fenced instead.
+        The incident the watcher waits on is called (or joined, if another rank called it first); a failure that
+        meets another rank's probe which failed nothing calls the next one. The verdict's ``dead`` holds every rank
+        of the world found dead up to it. None when no verdict came in time (the watcher stopped, or this rank was
+        fenced: `hypergrid.binding.alarm` says which). A world that ended without this rank is never called again:
+        the rank is fenced instead.
         """
         if self.fenced or self.stopped or self._left_behind(self.side):
             return None

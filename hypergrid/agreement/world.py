@@ -20,9 +20,10 @@ a connection per cycle, and an idle watcher costs nothing):
   (`World.take_over`), so recovery opens no connection on its critical path.
 
 Closing says the rank left normally (it is not dead), wakes the watcher with
-its own wake key (`hypergrid.agreement.liveness.wake_key`: no other rank is
-woken) and joins the thread, so no hypergrid thread is blocked in the store
-when the process exits: a thread that returns from torch's store client while
+a read of its block's wake key (`hypergrid.agreement.liveness.wake_key`: the
+key's waiters wake and nothing is written; the block's at most 7 other
+watchers look for a call and wait again) and joins the thread, so no hypergrid
+thread is blocked in the store when the process exits: a thread that returns from torch's store client while
 the interpreter finalizes ends the process with ``std::terminate``.
 
 The registry of worlds (``WORLDS``, ``hypergrid.binding.worldstate``) holds

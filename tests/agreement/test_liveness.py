@@ -24,8 +24,10 @@ from hypergrid.agreement.liveness import (
     FAILURE,
     MULTI_SET_KEYS,
     PROBE,
+    WAKE_BLOCK,
     Incident,
     Verdict,
+    done_key,
     end_text,
     incident_prefix,
     majority,
@@ -44,6 +46,11 @@ def server() -> Iterator[Any]:
 
 def client(server: Any) -> CountingStore:
     return CountingStore(TCPStore("127.0.0.1", server.port, is_master=False, timeout=TIMEOUT))
+
+
+def added(server: Any, before: set[str]) -> set[str]:
+    """The keys in the store that are not in ``before`` (``set(server.list_keys())`` earlier)."""
+    return set(server.list_keys()) - before
 
 
 def roll_call(
@@ -95,25 +102,25 @@ def roll_call(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("size", [2, 16, 64])
 def test_everyone_answers_nobody_dead_in_o1_ops_no_key_left(server: Any, size: int) -> None:
-    before = server.num_keys()
+    before = set(server.list_keys())
     # It closes on the count, once the caller woke every rank (at once here: the woken key's wait is the last's).
     verdicts, ops = roll_call(server, 100 + size, size, list(range(size)), bound=30.0, woken_at=0.0)
     assert {verdict for verdict in verdicts.values()} == {Verdict(FAILURE, (), "test")}
     # whatever the size: read, append, count, get the verdict (one call: torch's wait, then its read), count the
-    # read, delete the wake key; the two first to answer (the closers) and the last also wait for the wake's end
-    # (``I/woken``), the last reader deletes 6 keys
-    assert max(ops.values()) <= 16
+    # read; the first rank of each block of 8 deletes its block's wake key; the two first to answer (the closers)
+    # and the last also wait for the wake's end (``I/woken``), the last reader writes ``done`` and deletes 6 keys
+    assert max(ops.values()) <= 17
     if size > 4:  # (at 2 ranks both are closers)
-        assert statistics.median_low(ops.values()) <= 6
-    assert server.num_keys() == before
+        assert statistics.median_low(ops.values()) <= 5
+    assert added(server, before) == {done_key(100 + size)}  # the world's last incident read by all: one key
 
 
 @pytest.mark.timeout(60)
 def test_ranks_that_do_not_answer_are_dead_for_every_survivor(server: Any) -> None:
-    before = server.num_keys()
+    before = set(server.list_keys())
     verdicts, _ = roll_call(server, 1, 8, [0, 1, 2, 4, 5, 7])
     assert {verdict.dead for verdict in verdicts.values()} == {(3, 6)}
-    assert server.num_keys() == before
+    assert added(server, before) == {done_key(1)}
 
 
 @pytest.mark.timeout(60)
@@ -122,10 +129,10 @@ def test_a_rank_that_answers_before_the_bound_is_never_dead_however_long_the_oth
 ) -> None:
     # Ranks 0 to 2 answer at once, rank 3 after 0.6 of the 1 s bound (no answer comes in meanwhile), rank 4 never:
     # only rank 4 is dead. A closer that ended the wait once the answers seemed to stop would fence rank 3.
-    before = server.num_keys()
+    before = set(server.list_keys())
     verdicts, _ = roll_call(server, 12, 5, [0, 1, 2, 3], bound=1.0, late={3: 0.6})
     assert {verdict.dead for verdict in verdicts.values()} == {(4,)}
-    assert server.num_keys() == before
+    assert added(server, before) == {done_key(12)}
 
 
 @pytest.mark.timeout(60)
@@ -136,12 +143,12 @@ def test_the_bound_runs_from_the_end_of_the_wake_not_from_the_call(
     # past the 1 s bound counted from the call, yet within 1 s of the wake's end: only rank 4 is dead, and the
     # closers close 1 s after the wake's end, not at the fallback (10 s per rank here: 50 s).
     monkeypatch.setattr(liveness, "PER_RANK_S", 10.0)
-    before = server.num_keys()
+    before = set(server.list_keys())
     started = time.monotonic()
     verdicts, _ = roll_call(server, 13, 5, [0, 1, 2, 3], bound=1.0, late={3: 1.3}, woken_at=1.0)
     assert {verdict.dead for verdict in verdicts.values()} == {(4,)}
     assert time.monotonic() - started < 10.0  # the fallback would be 50 s
-    assert server.num_keys() == before
+    assert added(server, before) == {done_key(13)}
 
 
 @pytest.mark.timeout(60)
@@ -154,13 +161,13 @@ def test_without_the_end_of_the_wake_the_closers_wait_the_fallback(server: Any) 
 
 @pytest.mark.timeout(60)
 def test_a_minority_never_declares_the_others_dead(server: Any) -> None:
-    before = server.num_keys()
+    before = set(server.list_keys())
     verdicts, _ = roll_call(server, 2, 8, [5, 6, 7])
     assert {(verdict.kind, verdict.dead, verdict.alive) for verdict in verdicts.values()} == {
         ("minority", (), (5, 6, 7))
     }
     assert all(verdict.excludes(rank) for rank, verdict in verdicts.items())
-    assert server.num_keys() == before  # the minority cleans up after itself
+    assert added(server, before) == {done_key(2)}  # the minority cleans up after itself
 
 
 def test_majority_rule() -> None:
@@ -193,7 +200,7 @@ def test_the_end_of_a_world_is_read_once_by_each_live_rank_then_gone(server: Any
     # Written as a survivor's end_world writes it: the call, the live ranks' wake keys, then I/woken.
     text = end_text([3], 4)
     Incident(client(server), prefix, 0, ()).call(END.strip(), text[len(END) :], [0, 1, 2])
-    assert server.num_keys() == before + 1 + 3 + 1
+    assert server.num_keys() == before + 1 + 1 + 1  # the call, one wake key (ranks 0 to 2: one block), I/woken
     seen = [Incident(client(server), prefix, rank, [0, 1, 2, 3]) for rank in range(4)]
     deadline = time.monotonic() + 10.0
     assert [incident.read_end(incident.answer() or "", deadline) for incident in seen[:3]] == [(3,)] * 3
@@ -205,7 +212,7 @@ def test_the_end_of_a_world_is_read_once_by_each_live_rank_then_gone(server: Any
 def test_no_rank_deletes_its_wake_key_before_the_caller_says_every_rank_is_woken(server: Any) -> None:
     # torch's server writes again the first keys of a multi_set that arrives in parts: a wake key deleted before the
     # caller's I/woken (its last multi_set returned) can come back. So no verdict, and no deletion, before it.
-    before, world, size = server.num_keys(), 43, 3
+    before, world, size = set(server.list_keys()), 43, 3
     watchers = [Watcher(client(server), client(server), world, rank, size, liveness_s=5.0) for rank in range(size)]
     for watcher in watchers:
         watcher.start()
@@ -220,14 +227,14 @@ def test_no_rank_deletes_its_wake_key_before_the_caller_says_every_rank_is_woken
     assert all(watcher._await(0, time.monotonic() + 10.0) == Verdict(PROBE, (), "test") for watcher in watchers)
     for watcher in watchers:
         assert watcher.halt(watcher.side, 10.0)
-    assert server.num_keys() == before  # every wake key and the incident's keys
+    assert added(server, before) == {done_key(world)}  # the wake key and the incident's keys gone
 
 
 @pytest.mark.timeout(60)
 def test_an_answer_that_came_after_the_roster_was_read_gives_up_and_publishes_nothing(server: Any) -> None:
     # Rank 3 read the call and answered, but only after the closers read the roster (a thread descheduled for
     # longer than the bound): the others read the verdict naming it and deleted the incident before it waited.
-    before, world = server.num_keys(), 44
+    before, world = set(server.list_keys()), 44
     prefix = incident_prefix(world, 0)
     late = Incident(client(server), prefix, 3, list(range(4)))
     late._order = 4  # (as the answer's count returned: not a closer, so it waits the fallback and its backup)
@@ -236,7 +243,7 @@ def test_an_answer_that_came_after_the_roster_was_read_gives_up_and_publishes_no
     started = time.monotonic()
     assert late.close(f"{FAILURE} test", started, BOUND) is None  # not a verdict of its own: the call is gone
     assert time.monotonic() - started < BOUND + liveness.BACKUP_S + 2.0
-    assert server.num_keys() == before  # nothing written into the incident the others ended
+    assert added(server, before) == {done_key(world)}  # nothing written into the incident the others ended
 
 
 @pytest.mark.timeout(60)
@@ -396,9 +403,10 @@ class _MultiSets:
 
 
 def test_a_call_wakes_many_ranks_in_bounded_multi_sets_then_says_every_rank_is_woken() -> None:
-    """torch's server parses one ``multi_set`` in time quadratic in its keys: a call wakes in chunks."""
+    """torch's server parses one ``multi_set`` in time quadratic in its keys: a call wakes in chunks, one key
+    per block of `WAKE_BLOCK` ranks (the last block partial)."""
     store = _MultiSets()
-    ranks = range(2 * MULTI_SET_KEYS + 5)
+    ranks = range((2 * MULTI_SET_KEYS + 4) * WAKE_BLOCK + 3)
     Incident(store, incident_prefix(0, 0), 0, ranks).call(FAILURE, "x", ranks)
     assert store.sizes == [MULTI_SET_KEYS, MULTI_SET_KEYS, 5]
     assert store.writes == ["wake", "wake", "wake", "woken"]  # the closers' bound runs from the last wake

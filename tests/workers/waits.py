@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from hypergrid import Bridge, HyperCommGrid, HyperGridError, RankFailure
+from hypergrid.agreement import diagnosis
 from hypergrid.agreement.liveness import ended_key, wake_key
 from hypergrid.agreement.watcher import Watcher
 from hypergrid.agreement.world import close_all
@@ -283,7 +284,7 @@ def fenced_inside_a_receive() -> dict[str, Any]:
     """3 ranks along ``pp``; rank 1 waits in a receive from rank 0, which is alive, connected and never sends.
 
     Rank 2 then writes what the others' shrink writes for a rank they left behind (the world's end naming rank
-    1) and wakes rank 1's watcher: rank 1 is fenced while it blocks, and its receive must end with
+    1) and wakes rank 1's watcher (its block's): rank 1 is fenced while it blocks, and its receive must end with
     ``FencedError`` (its peers never close their connections here, as a hung or cut-off peer would not).
     """
     grid = _grid([3], ["pp"])
@@ -301,6 +302,6 @@ def fenced_inside_a_receive() -> dict[str, Any]:
     if rank == 2:
         time.sleep(0.5)  # rank 1 is inside its receive by then
         store.set(ended_key(0), json.dumps([1]))
-        store.set(wake_key(0, 0, 1), "1")
+        diagnosis.read(store, wake_key(0, 0, 1))  # wakes the watchers of ranks 0 to 2 (one block): 1 is named
     store.wait(["test/fence/done"], datetime.timedelta(seconds=60))
     return out
