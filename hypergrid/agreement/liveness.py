@@ -14,7 +14,7 @@ Keys of incident ``k`` of world ``w`` (``I = hypergrid/live/<w>/<k>``):
 
 - ``I/call``: ``failure <text>`` or ``probe <text>`` (the first caller wins);
 - ``I/wake/<block>``: what the watchers of `WAKE_BLOCK` consecutive ranks block on (`wake_key`), written by
-  the caller, deleted by the block's lowest live rank;
+  the caller, deleted by the block's lowest live rank (a world's end: by its last reader);
 - ``I/alive``: one line per answer (read only when someone did not answer);
 - ``I/woken``: written by the caller once every block's wake key is (the closers' bound runs from here, and no
   rank deletes a wake key before it: see `wake_key`);
@@ -311,20 +311,21 @@ class Incident:
                 self.store.delete_key(key)
 
     def read_end(self, call: str, deadline: float) -> tuple[int, ...]:
-        """This rank read the world's end (`end_text`): count it; the last reader deletes the call (and the world's
-        ``done``: a rank the end left behind is fenced by its record, `ended_key`). The dead.
+        """This rank read the world's end (`end_text`): count it; the last reader deletes it. The dead.
 
-        The lowest live rank of its block deletes the block's wake key once the caller's ``I/woken`` is there (or
-        at ``deadline``, ``time.monotonic()``: a caller that died while it woke the others), not before (`wake_key`).
+        The last reader deletes the call, the world's ``done`` (a rank the end left behind is fenced by its record,
+        `ended_key`) and every block's wake key of the end: not before every live rank read the end, since a
+        watcher still finishing the previous incident waits on the end's key after the others read it, and not
+        before the caller's ``I/woken`` (or ``deadline``, ``time.monotonic()``: a caller that died while it woke
+        the others; `wake_key`). N / 8 deletes on one rank, once per world.
         """
         dead, readers = json.loads(call[len(END) :])[:2]
         if self.rank in dead:
             return tuple(dead)
-        if self._first_of_block(set(dead)):
+        if self.store.add(self.key("read"), 1) >= readers:
             diagnosis.wait_for(self.store, self.key("woken"), deadline)
-            self.store.delete_key(wake_key(self.world, self.number, self.rank))
-        if self.store.add(self.key("read"), 1) >= readers:  # every live rank is past the world's incidents
-            for key in [self.key(name) for name in ("call", "woken", "read")] + [done_key(self.world)]:
+            keys = [self.key(name) for name in ("call", "woken", "read")] + [done_key(self.world)]
+            for key in keys + wake_keys(self.world, self.number, self.expected):
                 self.store.delete_key(key)
         return tuple(dead)
 

@@ -112,7 +112,9 @@ def wake_key(world: int, number: int, rank: int) -> str:
     read of the absent key, which wakes its waiters and writes nothing). The key
     is the incident's: a watcher that read the verdict waits on the next
     incident's at once, which a call written meanwhile has set already. The
-    block's lowest live rank deletes it once it read the verdict, never before
+    block's lowest live rank deletes it once it read the verdict (every live
+    rank of the block answered, so was woken, by then; a world's end is read
+    without answers: its last reader deletes every block's), never before
     the caller's ``I/woken``: torch 2.13's server applies the first keys of a
     ``multi_set`` that reaches it in parts once per part (1 of 20 deletions made
     while a 1,024-key ``multi_set`` arrived was undone).

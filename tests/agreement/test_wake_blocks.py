@@ -20,7 +20,7 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from benchmarks.guard import CountingStore
 from hypergrid.agreement import diagnosis
-from hypergrid.agreement.liveness import FAILURE, WAKE_BLOCK, Incident, done_key, incident_prefix, wake_key
+from hypergrid.agreement.liveness import FAILURE, PROBE, WAKE_BLOCK, Incident, done_key, incident_prefix, wake_key
 from hypergrid.agreement.watcher import Watcher
 
 TIMEOUT = datetime.timedelta(seconds=30)
@@ -99,3 +99,34 @@ def test_a_watcher_woken_without_a_call_is_fenced_only_once_its_incident_is_over
     assert all("incident 0 ended without it" in why for why in fenced.values()), fenced
     assert all(watcher.join(5.0) for watcher in watchers)
     reader.delete_key(done_key(world))
+
+
+class _Behind(Watcher):
+    """A watcher slow to wait again after an incident (its thread descheduled): it waits on the next key 1 s late."""
+
+    def _sleep(self, wake: str) -> bool:
+        if self.number > 0:
+            time.sleep(1.0)
+        return super()._sleep(wake)
+
+
+@pytest.mark.timeout(60)
+def test_a_watcher_that_waits_on_the_ends_key_after_the_others_read_it_still_reads_it(server: Any) -> None:
+    # The end is read without answers: had the block's first rank deleted the block's key once it read the end,
+    # rank 2 (still on its way back from the probe) would wait on a deleted key for ever.
+    world, size = 63, 4
+    before = set(server.list_keys())
+    fenced: list[str] = []
+    watchers = [
+        (_Behind if rank == 2 else Watcher)(_client(server), _client(server), world, rank, size, on_fence=fenced.append)
+        for rank in range(size)
+    ]
+    for watcher in watchers:
+        watcher.start()
+    time.sleep(0.3)
+    verdict = watchers[0].report(PROBE, "test")
+    assert verdict is not None and verdict.dead == ()
+    watchers[0].end_world([], size)  # at once: rank 2 waits on the end's key a second later
+    assert all(watcher.join(5.0) for watcher in watchers)
+    assert all(watcher.end_dead == () for watcher in watchers) and not fenced
+    assert set(server.list_keys()) - before == set()  # the end's last reader deleted its keys and the world's done
