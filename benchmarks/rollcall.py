@@ -9,11 +9,12 @@ closes at its bound (the liveness bound after the caller's wake ended, as its
 closers see ``I/woken``: `hypergrid.agreement.liveness.Incident.close`).
 
 What runs for real: the ``TCPStore`` server (one event loop, as rank 0 hosts
-it in a job); the caller (rank 0's report: the call and one ``multi_set`` of
-every wake key); ranks 0 and 1 as real `Watcher` threads, each on its own
-connection, woken by that ``multi_set`` like every rank (their wake keys come
-first in it, so they answer first and are the roll call's closers, as ranks
-woken first are in a job).
+it in a job); the caller (rank 0's report: the call, then one wake key per
+block of 8 ranks, in ``multi_set``s of 256); rank 0 as a real `Watcher`
+thread on its own connection, woken by the first ``multi_set`` like every
+rank of its block; the two simulated ranks whose answers come first run the
+real `Incident.close` and ``conclude`` (the roll call's closers), each on a
+connection opened before the call, as a real watcher's is.
 
 What is simulated: ranks 2 .. N - 1, by ``--processes`` processes. Each sends,
 for each of its ranks, the same requests in the same order as a real
@@ -26,8 +27,8 @@ job during a roll call: each rank uses only its watcher's connection (its
 default-store connection stays idle), one socket per rank. With more ranks
 than sockets (the host's file limit: 20,000 descriptors here), the ranks of a
 socket send their requests back to back (the server parses them from one read
-instead of one read each), and wait together: one ``wait`` on all their wake
-keys and one on the verdict, so the server sends one notification per socket
+instead of one read each), and wait together: one ``wait`` on their blocks'
+wake keys and one on the verdict, so the server sends one notification per socket
 where a job's would send one per rank. The server's per-request work (parse,
 map, answer) is the job's; its per-rank read and notification syscalls are
 not. A real rank's client-side round trips are not either: a simulated rank

@@ -44,9 +44,9 @@ the others died.
 
 **Fencing.** A watcher that finds its incident's call or verdict gone after it
 woke while ``done`` says the incident is over (the live ranks read it and
-deleted it without this rank), or itself among the dead, fences its rank; woken
-without a call in an incident not over (a neighbour's close woke its block), it
-waits again (`hypergrid.binding.alarm.fence`). A world that a
+deleted it without this rank), or itself among the dead, fences its rank
+(`hypergrid.binding.alarm.fence`); woken without a call in an incident not over
+(a neighbour's close woke its block), it waits again. A world that a
 shrink ended keeps one record (`ended_key`: the ranks left behind), read by a
 rank stopped through the whole shrink whenever it resumes.
 
@@ -300,7 +300,7 @@ class Incident:
 
     @property
     def left_key(self) -> str:
-        return f"{self.prefix.rsplit('/', 1)[0]}/left"
+        return left_key(self.world)
 
     def leave(self) -> None:
         """This rank's process ends normally: list it as left (not dead); the last to leave deletes the list
