@@ -73,6 +73,7 @@ from hypergrid.agreement.liveness import (
     Verdict,
     done_key,
     incident_prefix,
+    wake_key,
     wake_keys,
 )
 from hypergrid.agreement.watcher import Watcher
@@ -122,7 +123,7 @@ class _Socket:
         self.conclude = [  # every rank here but rank ``readers`` is live: the first of a block has rank % 8 == 0
             wire.get(verdict)
             + wire.add(f"{prefix}/read", 1)
-            + (wire.delete_key(wake_keys(world, 0, [rank])[0]) if rank % WAKE_BLOCK == 0 else b"")
+            + (wire.delete_key(wake_key(world, 0, rank)) if rank % WAKE_BLOCK == 0 else b"")
             for rank in ranks
         ]
         self.woken = self.woken_at = self.answered = 0.0
@@ -171,7 +172,7 @@ class _Socket:
             self.last_reader |= struct.unpack_from("<q", data, at + wire.INT + size)[0] >= self.readers
             at += each
         if self.last_reader:  # Incident.conclude's clean-up: ``done``, then the incident's keys and the dead's block's
-            keys = [f"{self.prefix}/{name}" for name in INCIDENT_KEYS] + wake_keys(self.world, 0, [self.readers])
+            keys = [f"{self.prefix}/{name}" for name in INCIDENT_KEYS] + [wake_key(self.world, 0, self.readers)]
             clean_up = wire.set_key(done_key(self.world), "0") + b"".join(wire.delete_key(key) for key in keys)
             yield clean_up, len(keys) * wire.INT
 

@@ -335,7 +335,7 @@ class Incident:
             return  # a rank declared dead takes no part in the clean-up (the others may be done already)
         readers = len(verdict.alive) if verdict.kind == "minority" else len(self.expected) - len(verdict.dead)
         last = self.store.add(self.key("read"), 1) >= readers
-        if self._first_of_block(set(verdict.dead), verdict.alive if verdict.kind == "minority" else None):
+        if self._first_of_block(verdict):
             self.store.delete_key(wake_key(self.world, self.number, self.rank))  # after I/woken, as the verdict
         if last:
             # First: a rank woken without a call (its block's key, written for this incident) finds it over
@@ -345,18 +345,19 @@ class Incident:
             for key in wake_keys(self.world, self.number, verdict.dead):  # a block of the dead may have no reader
                 self.store.delete_key(key)
 
-    def _first_of_block(self, dead: set[int], alive: Sequence[int] | None = None) -> bool:
-        """Whether no lower rank of this rank's wake block reads the verdict: one of ``alive`` (a minority's
-        verdict), else expected (sorted: a binary search, O(`WAKE_BLOCK` log N)) and not ``dead``."""
-        readers = None if alive is None else set(alive)
+    def _first_of_block(self, verdict: Verdict) -> bool:
+        """Whether no lower rank of this rank's wake block reads ``verdict``: one of a minority's ``alive``, else
+        expected (sorted: a binary search, O(`WAKE_BLOCK` log N)) and not dead."""
+        lower = range(self.rank - self.rank % WAKE_BLOCK, self.rank)
+        if verdict.kind == "minority":
+            return not set(lower) & set(verdict.alive)
+        dead = set(verdict.dead)
 
-        def reads(rank: int) -> bool:
-            if readers is not None:
-                return rank in readers
+        def expected(rank: int) -> bool:
             at = bisect.bisect_left(self.expected, rank)
-            return at < len(self.expected) and self.expected[at] == rank and rank not in dead
+            return at < len(self.expected) and self.expected[at] == rank
 
-        return not any(reads(rank) for rank in range(self.rank - self.rank % WAKE_BLOCK, self.rank))
+        return not any(expected(rank) and rank not in dead for rank in lower)
 
     def over(self) -> bool:
         """Whether every live rank read this incident's verdict (``done``): one read. A rank woken without a call
