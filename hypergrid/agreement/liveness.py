@@ -25,11 +25,12 @@ Keys of incident ``k`` of world ``w`` (``I = hypergrid/live/<w>/<k>``):
 
 An incident closes as soon as every expected rank answered (no one is dead:
 a *failure* still ends the world's collectives, a *probe* changes nothing),
-or at the first closer's deadline (the liveness bound after the caller woke
-every rank, and at the latest `bound_s` after the closer saw the call), which
-reads the roster: expected ranks missing from it are dead.
+or at the first closer's deadline (once the liveness bound passed since the
+caller woke every rank and since the last answer, at the latest `bound_s`
+after the closer saw the call), which reads the roster: expected ranks
+missing from it are dead.
 
-**Majority.** A verdict declares the missing ranks dead only when the ranks
+**Majority** (`hypergrid.agreement.rollverdict`). A verdict declares the missing ranks dead only when the ranks
 that answered are more than half of the expected ones, or exactly half and
 the lowest expected rank among them. Otherwise the answering ranks are the cut-off
 side: they are told so (``minority``) and fence themselves. A rank that comes back
@@ -54,8 +55,10 @@ Per rank and incident, from its wake to its next wait: read the call,
 append, count, wait for the verdict and read it (torch's ``get``), count the
 read, wait on the next incident's wake key: 7 requests, whatever the number of
 ranks, and one more for a block's lowest live rank (it deletes the block's
-wake key). A closer adds its wait for ``I/woken``, the reads of the call, the
-left list and the roster, and the verdict; the last reader writes ``done`` and
+wake key). A closer adds its wait for ``I/woken``, its reads of the count
+(at most ``QUIET_READS + 2``, each after the first with a ``check`` of the
+verdict), the reads of the call, the left list and the roster, and the
+verdict; the last reader writes ``done`` and
 deletes the incident's 6 keys and the dead ranks' blocks' wake keys. The
 caller writes one wake key per block, in one ``multi_set`` per `MULTI_SET_KEYS`
 keys.
@@ -68,7 +71,6 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from hypergrid.agreement import diagnosis
@@ -84,6 +86,7 @@ from hypergrid.agreement.rollkeys import (
     wake_key,
     wake_keys,
 )
+from hypergrid.agreement.rollverdict import FAILURE, PROBE, Verdict, majority
 
 __all__ = [
     "END",
@@ -103,12 +106,12 @@ __all__ = [
     "wake_key",
 ]
 
-#: The incident kinds a caller can open.
-FAILURE, PROBE = "failure", "probe"
 #: ...at least this long per expected rank: the store serves the roll call at ~50 µs a rank.
 PER_RANK_S = 1e-4
 #: How much longer than the first two answers the others wait before they close a roll call themselves.
 BACKUP_S = 5.0
+#: A closer's reads of the answer count per bound (or wake's length) while it waits for the answers to stop.
+QUIET_READS = 10
 #: Wake keys per ``multi_set``: torch 2.13's server parses one in time quadratic in its keys (61 s for 131,072,
 #: its limit). 131,072 keys in chunks of 4,096: 1.13 s; of 1,024: 0.43 s; of 256: 0.31 s (the linear part).
 MULTI_SET_KEYS = 256
@@ -128,56 +131,6 @@ def bound_s(ranks: int, liveness_s: float | None = None) -> float:
     if liveness_s is None:  # read at each roll call: a forkserver worker imported this before its call's environment
         liveness_s = float(os.environ.get("HYPERGRID_LIVENESS_S", "0.5"))
     return max(liveness_s, ranks * PER_RANK_S)
-
-
-def majority(alive: Sequence[int], expected: Sequence[int]) -> bool:
-    """Whether ``alive`` may declare the rest of ``expected`` dead: more than half, or half with the lowest rank.
-
-    Examples:
-        >>> majority([0, 1, 2], [0, 1, 2, 3]), majority([0, 1], [0, 1, 2, 3]), majority([2, 3], [0, 1, 2, 3])
-        (True, True, False)
-        >>> majority([7], range(8))
-        False
-    """
-    alive_set = set(alive)
-    if 2 * len(alive_set) > len(expected):
-        return True
-    return 2 * len(alive_set) == len(expected) and len(expected) > 0 and min(expected) in alive_set
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """How an incident ended.
-
-    Attributes:
-        kind: ``"failure"`` or ``"probe"`` (what was called), or ``"minority"``: the ranks that answered
-            are the smaller side and are excluded.
-        dead: the expected ranks that did not answer in time (sorted); empty for a minority.
-        text: what the caller said.
-        alive: for a minority, the ranks that answered (they fence themselves).
-    """
-
-    kind: str
-    dead: tuple[int, ...] = ()
-    text: str = ""
-    alive: tuple[int, ...] = ()
-
-    @property
-    def failed(self) -> bool:
-        """The world's collectives must end: a failure was reported, or a probe found dead ranks."""
-        return self.kind == FAILURE or bool(self.dead)
-
-    def excludes(self, rank: int) -> bool:
-        """Whether ``rank`` is out: declared dead, or on the minority side."""
-        return rank in self.dead or (self.kind == "minority" and rank in self.alive)
-
-    def encode(self) -> str:
-        return json.dumps({"kind": self.kind, "dead": list(self.dead), "text": self.text, "alive": list(self.alive)})
-
-    @classmethod
-    def decode(cls, data: bytes) -> Verdict:
-        fields = json.loads(data)
-        return cls(fields["kind"], tuple(fields["dead"]), fields["text"], tuple(fields["alive"]))
 
 
 class Incident:
@@ -259,9 +212,9 @@ class Incident:
     def close(self, call: str, seen: float, liveness_s: float | None = None) -> Verdict | None:
         """The verdict: published here when this answer completed the roll call or at the deadline; None if gone.
 
-        The deadline is ``liveness_s`` after the caller woke every rank (``I/woken``, seen by the closers), plus
-        as long again as the wake took (the store's pace: a loaded store serves the answers as slowly as it
-        served the wake), and at the latest `bound_s` after this rank saw the call at ``seen``
+        The deadline is once ``liveness_s`` passed since the caller woke every rank (``I/woken``, seen by the
+        closers) and since the last answer came in (a loaded store serves answers late), at the latest as long
+        again as the wake took (`_settle`), and at the latest `bound_s` after this rank saw the call at ``seen``
         (``time.monotonic()``): the fallback where the caller died before it woke them all. So every live rank
         has at least ``liveness_s`` from its wake to answer, however long the wake took.
 
@@ -278,10 +231,7 @@ class Incident:
         if self._order > 2:
             until = fallback + BACKUP_S
         elif diagnosis.wait_for(self.store, self.key("woken"), fallback, self.stop):
-            # Not ``diagnosis.read`` of the verdict here: torch's ``compare_set`` of an absent key wakes its waiters.
-            woken = time.monotonic()
-            liveness = bound_s(0, liveness_s)  # the bound alone, no per-rank part (HYPERGRID_LIVENESS_S unless given)
-            until = min(fallback, woken + liveness + (woken - seen))
+            until = self._settle(seen, fallback, bound_s(0, liveness_s))  # (the bound alone: no per-rank part)
         else:
             until = fallback
         data = diagnosis.get_until(self.store, self.key("verdict"), until, self.stop)
@@ -297,6 +247,39 @@ class Incident:
             return self._publish(Verdict("minority", (), text, tuple(alive)))
         dead = tuple(rank for rank in expected if rank not in answered)  # one set, not one per rank (O(N^2))
         return self._publish(Verdict(kind, dead, text))
+
+    def _settle(self, seen: float, fallback: float, liveness: float) -> float:
+        """When a closer that saw ``I/woken`` just now closes: once ``liveness`` passed since the wake's end and
+        since the last answer; at the latest as long again as the wake took, and ``fallback``.
+
+        It waits for the verdict until the bound, then reads the count of answers `QUIET_READS` times per span of
+        ``liveness`` or of the wake, the longer (O(1) reads; never the verdict: a ``compare_set`` of an absent key
+        wakes its waiters; a ``check`` does not), pausing between (torch logs every store wait that times out).
+        """
+        woken = time.monotonic()
+        cap = min(fallback, woken + liveness + (woken - seen))
+        count = diagnosis.read(self.store, self.key("count"))
+        if diagnosis.get_until(self.store, self.key("verdict"), min(cap, woken + liveness), self.stop) is not None:
+            return cap  # published meanwhile (read again: one request)
+        pace, since = max(liveness, woken - seen) / QUIET_READS, woken
+        while (now := time.monotonic()) < cap and not self.stop():
+            current = diagnosis.read(self.store, self.key("count"))
+            if current is None:
+                return now  # over: its verdict read by the others (this rank was too late)
+            if int(current) >= len(self.expected) or self.store.check([self.key("verdict")]):
+                return cap  # complete (its last answer publishes the verdict), or the other closer published it
+            if current != count:
+                count, since = current, now  # an answer came in since the last read
+            elif now - since >= liveness:
+                return now
+            self._pause(min(pace, cap - now))
+        return cap
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or until `stop` says so (looked at every 0.1 s: `Watcher.halt` wakes as often)."""
+        until = time.monotonic() + seconds
+        while not self.stop() and (left := until - time.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
 
     @property
     def left_key(self) -> str:
