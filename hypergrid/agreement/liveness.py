@@ -228,13 +228,15 @@ class Incident:
         if self._complete:  # published after the wake's end (`wake_key`), which every answer needed anyway
             diagnosis.wait_for(self.store, self.key("woken"), fallback, self.stop)
             return None if self.stop() else self._publish(Verdict(kind, (), text))
+        data = None
         if self._order > 2:
             until = fallback + BACKUP_S
         elif diagnosis.wait_for(self.store, self.key("woken"), fallback, self.stop):
-            until = self._settle(seen, fallback, bound_s(0, liveness_s))  # (the bound alone: no per-rank part)
+            data, until = self._settle(seen, fallback, bound_s(0, liveness_s))  # (the bound alone: no per-rank part)
         else:
             until = fallback
-        data = diagnosis.get_until(self.store, self.key("verdict"), until, self.stop)
+        if data is None:
+            data = diagnosis.get_until(self.store, self.key("verdict"), until, self.stop)
         if data is not None:
             return Verdict.decode(data)
         if self.stop() or diagnosis.read(self.store, self.key("call")) is None:
@@ -248,32 +250,38 @@ class Incident:
         dead = tuple(rank for rank in expected if rank not in answered)  # one set, not one per rank (O(N^2))
         return self._publish(Verdict(kind, dead, text))
 
-    def _settle(self, seen: float, fallback: float, liveness: float) -> float:
-        """When a closer that saw ``I/woken`` just now closes: once ``liveness`` passed since the wake's end and
-        since the last answer; at the latest as long again as the wake took, and ``fallback``.
+    def _settle(self, seen: float, fallback: float, liveness: float) -> tuple[bytes | None, float]:
+        """A closer that saw ``I/woken`` just now: the verdict if it read it, and when to stop waiting for it.
 
-        It waits for the verdict until the bound, then reads the count of answers `QUIET_READS` times per span of
-        ``liveness`` or of the wake, the longer (O(1) reads; never the verdict: a ``compare_set`` of an absent key
-        wakes its waiters; a ``check`` does not), pausing between (torch logs every store wait that times out).
+        It closes once ``liveness`` passed since the wake's end and since the last answer (between the read that
+        saw the count change and the one that saw it unchanged: the store counted nothing in between), at the
+        latest as long again as the wake took, and ``fallback``. It waits for the verdict until the bound, then
+        reads the count `QUIET_READS` times per span of ``liveness`` or of the wake, the longer, each time with a
+        ``check`` of the verdict (a ``compare_set`` read of it would wake its waiters): at most
+        ``QUIET_READS + 2`` reads and ``QUIET_READS + 1`` checks, whatever the ranks. It pauses between reads
+        (torch logs every store wait that times out), so it sees a verdict published meanwhile at its next read.
         """
         woken = time.monotonic()
         cap = min(fallback, woken + liveness + (woken - seen))
         count = diagnosis.read(self.store, self.key("count"))
-        if diagnosis.get_until(self.store, self.key("verdict"), min(cap, woken + liveness), self.stop) is not None:
-            return cap  # published meanwhile (read again: one request)
-        pace, since = max(liveness, woken - seen) / QUIET_READS, woken
+        since = time.monotonic()  # (after the read: an answer counted during it may be the last)
+        data = diagnosis.get_until(self.store, self.key("verdict"), min(cap, since + liveness), self.stop)
+        if data is not None or self.stop():
+            return data, time.monotonic()
+        self._pause(min(cap, since + liveness) - time.monotonic())  # (torch's timed wait may end a little early)
+        pace = max(liveness, woken - seen) / QUIET_READS
         while (now := time.monotonic()) < cap and not self.stop():
             current = diagnosis.read(self.store, self.key("count"))
             if current is None:
-                return now  # over: its verdict read by the others (this rank was too late)
+                return None, now  # over: its verdict read by the others (this rank was too late)
             if int(current) >= len(self.expected) or self.store.check([self.key("verdict")]):
-                return cap  # complete (its last answer publishes the verdict), or the other closer published it
+                return None, cap  # complete (its last answer publishes the verdict), or the other closer published it
             if current != count:
-                count, since = current, now  # an answer came in since the last read
+                count, since = current, time.monotonic()  # an answer came in since the last read
             elif now - since >= liveness:
-                return now
+                return None, now
             self._pause(min(pace, cap - now))
-        return cap
+        return None, time.monotonic() if self.stop() else cap
 
     def _pause(self, seconds: float) -> None:
         """Sleep ``seconds``, or until `stop` says so (looked at every 0.1 s: `Watcher.halt` wakes as often)."""
