@@ -265,10 +265,11 @@ class Incident:
         cap = min(fallback, woken + liveness + (woken - seen))
         count = diagnosis.read(self.store, self.key("count"))
         since = time.monotonic()  # (after the read: an answer counted during it may be the last)
-        data = diagnosis.get_until(self.store, self.key("verdict"), min(cap, since + liveness), self.stop)
+        bound = min(cap, since + liveness)
+        data = diagnosis.get_until(self.store, self.key("verdict"), bound, self.stop)
         if data is not None or self.stop():
             return data, time.monotonic()
-        self._pause(min(cap, since + liveness) - time.monotonic())  # (torch's timed wait may end a little early)
+        self._pause(bound - time.monotonic())  # (torch's timed wait may end a little early)
         pace = max(liveness, woken - seen) / QUIET_READS
         while (now := time.monotonic()) < cap and not self.stop():
             current = diagnosis.read(self.store, self.key("count"))
