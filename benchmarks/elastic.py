@@ -61,7 +61,7 @@ from benchmarks.common import median, progress, write_json
 from benchmarks.guard import simulate
 from hypergrid import HyperCommGrid, HyperGridError, RankFailure, spawn
 from hypergrid.agreement.membership import MembershipRound, Proposal, round_prefix
-from hypergrid.binding.reform import current_epoch
+from hypergrid.agreement.world import World
 
 PHASES = ("detection", "agreement", "re-form", "re-create", "first_collective", "total")
 VICTIM, SECOND = 3, 2
@@ -86,7 +86,7 @@ def recovery_worker(second_death: bool) -> dict[str, float] | None:
     """One rank of the job: the survivors' times from the SIGKILL (None on the dead and the retired)."""
     grid = _job_grid()
     grid.create_pg("dp", tag="ag")
-    base, rank = current_epoch().base_store, dist.get_rank()
+    base, rank = World.current().base_store, dist.get_rank()
     if second_death and rank == SECOND:
         real_abort = HyperCommGrid.abort
 

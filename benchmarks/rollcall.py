@@ -73,8 +73,10 @@ from hypergrid.agreement.liveness import (
     Verdict,
     done_key,
     incident_prefix,
+    members_key,
     wake_key,
     wake_keys,
+    world_keys,
 )
 from hypergrid.agreement.watcher import Watcher
 
@@ -266,6 +268,10 @@ def roll_call(server: Any, participants: int, processes: int, connections: int, 
     def connection() -> CountingStore:
         return CountingStore(TCPStore("127.0.0.1", port, is_master=False, timeout=_TIMEOUT))
 
+    # Every rank joined the world's watch (untimed set-up: each rank's join is two requests, once per world); the
+    # dead one too: it joined, then died. The reporter's watcher joins as it starts.
+    server.set(members_key(world), "".join(f"+{rank}\n" for rank in range(1, size)))
+    server.add(f"{members_key(world)}-count", size - 1)
     watchers = [Watcher(connection(), connection(), world, 0, size).start()]  # the reporter
     simulated = range(1, participants)
     context = multiprocessing.get_context("spawn")
@@ -302,7 +308,7 @@ def roll_call(server: Any, participants: int, processes: int, connections: int, 
     ]
     for watcher in watchers:
         watcher.halt(watcher.side, 10.0)
-    expected = Verdict(FAILURE, (participants,), TEXT).encode()
+    expected = Verdict(FAILURE, (participants,), TEXT, readers=participants).encode()
     seen = {v for f in figures for v in f["verdicts"]} | {w.verdicts[0].encode() for w in watchers if 0 in w.verdicts}
     named = {rank for text in seen for rank in Verdict.decode(text.encode()).dead}
     live_named_dead = len(named - {participants})  # a false death: a live rank fenced (must be 0)
@@ -346,9 +352,10 @@ def run(sizes: list[int], processes: int, connections: int, repeats: int) -> lis
         for repeat in range(repeats):
             world += 1
             sample = roll_call(server, size, processes, connections, world)
-            if not server.check([done_key(world)]):  # the world's one key (its ranks' last leaver deletes it)
+            if not server.check([done_key(world)]):  # the world's keys: its ranks' last leaver deletes them
                 raise RuntimeError(f"the roll call of {size} did not write its world's {done_key(world)}")
-            server.delete_key(done_key(world))
+            for key in world_keys(world):
+                server.delete_key(key)
             left = server.num_keys() - baseline
             if left:
                 named = sorted(server.list_keys())[:20]

@@ -24,6 +24,7 @@ __all__ = [
     "DesyncError",
     "DimsError",
     "FencedError",
+    "GridReplacedError",
     "GridSpecError",
     "GridTooLargeError",
     "GroupExistsError",
@@ -169,6 +170,15 @@ class FencedError(HyperGridError, RuntimeError):
     """
 
 
+class GridReplacedError(HyperGridError, RuntimeError):
+    """The grid was replaced by a ``shrink``: its world ended, so it refuses every call (use the new grid).
+
+    Examples:
+        >>> issubclass(GridReplacedError, RuntimeError)
+        True
+    """
+
+
 class StoreLostError(HyperGridError, ConnectionError):
     """The job's store is gone (the process hosting it died, or the connection to it was cut).
 
@@ -241,6 +251,7 @@ _OUTCOMES: tuple[type[HyperGridError], ...] = (
     DesyncError,
     RankFailure,
     FencedError,
+    GridReplacedError,
     StoreLostError,
     CollectiveMismatchError,
     WorkerError,

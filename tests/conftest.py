@@ -10,8 +10,6 @@ import pytest
 import torch.distributed as dist
 from hypothesis import HealthCheck, settings
 
-from hypergrid.binding.worldstate import WORLDS
-
 # CI runs every property with at least 200 examples; locally the same by default,
 # HYPOTHESIS_PROFILE=quick for a faster loop while editing.
 settings.register_profile(
@@ -29,20 +27,6 @@ def _one_rank_gloo() -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
-
-
-@pytest.fixture(autouse=True)
-def _no_fence_or_store_loss_from_an_earlier_test() -> Iterator[None]:
-    """Each test starts with this process neither fenced nor its store known lost.
-
-    Both are process-wide by design (a rank is fenced once; a job has one store), but a pytest process hosts one
-    store per test module: a watcher thread that a failed test left running marks the store lost when its module's
-    store closes, after that test ended, and every later in-process test would raise ``StoreLostError`` (one
-    failure became 151 in a CI run). A test that needs either sets it itself.
-    """
-    WORLDS.fence = None
-    WORLDS.store_lost = None
-    yield
 
 
 @pytest.fixture

@@ -274,10 +274,79 @@ def facet_coupling() -> list[str]:
     return sorted(found)
 
 
-# Module-level mutable objects the package may hold: the registry of worlds, and each other one with its reason.
+# A world is found by one lookup, `World.current`, in the grid's core (where a grid gets its world); every other
+# module of these layers uses the world its grid holds. The names of the old process-wide lookups are refused too.
+WORLD_USERS = ("grid", "ops", "compat")
+WORLD_LOOKUP_HOME = "grid.core"
+OLD_LOOKUPS = frozenset(
+    {"WORLDS", "_WORLDS", "current_world", "current_epoch", "current_watcher", "ensure_watching", "worldstate"}
+)
+
+
+def world_lookups(sources: dict[str, str] | None = None) -> list[str]:
+    """``module:line what`` for each global world lookup in grid/, ops/ and compat/ (``sources``: name -> text,
+    default the package's modules of those layers)."""
+    if sources is None:
+        sources = {name: path.read_text() for name, path in modules().items() if layer_of(name).name in WORLD_USERS}
+    found = []
+    for name, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            where = f"hypergrid.{name}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Name) and node.id in OLD_LOOKUPS:
+                found.append(f"{where} {node.id}")
+            elif isinstance(node, ast.Attribute) and node.attr in OLD_LOOKUPS:
+                found.append(f"{where} .{node.attr}")
+            elif isinstance(node, ast.alias) and node.name.split(".")[-1] in OLD_LOOKUPS:
+                found.append(f"{where} import {node.name}")
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr == "current"
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "World"
+                and name != WORLD_LOOKUP_HOME
+            ):
+                found.append(f"{where} World.current (only {WORLD_LOOKUP_HOME} looks a world up)")
+    return sorted(found)
+
+
+def core_slot_writes(sources: dict[str, str] | None = None) -> list[str]:
+    """``module:line`` for each attribute of a grid's core assigned outside ``GridCore`` (``core.x = ...``,
+    ``grid._core.x = ...``, ``setattr(core, ...)``): the core's state changes through its own methods only."""
+    if sources is None:
+        sources = {name: path.read_text() for name, path in modules().items()}
+    found = []
+    for name, text in sources.items():
+        tree = ast.parse(text)
+        inside = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name == "GridCore" and name == "grid.core":
+                inside |= {id(sub) for sub in ast.walk(node)}
+        for node in ast.walk(tree):
+            if id(node) in inside:
+                continue
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_core(node.value):
+                found.append(f"hypergrid.{name}:{node.lineno} .{node.attr} = ...")
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "setattr"
+                and node.args
+                and _is_core(node.args[0])
+            ):
+                found.append(f"hypergrid.{name}:{node.lineno} setattr(core, ...)")
+    return sorted(found)
+
+
+def _is_core(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "core") or (
+        isinstance(node, ast.Attribute) and node.attr == "_core"
+    )
+
+
+# Module-level mutable objects the package may hold: the one pointer to worlds, and each other one with its reason.
 # Anything else at module level is a constant (a str, number, tuple, frozenset, compiled pattern, logger, ...).
 MODULE_STATE: dict[str, str] = {
-    "binding.worldstate.WORLDS": "the registry of worlds: each world's state, and what outlives every world",
+    "agreement.world._WORLDS": "the one pointer: torch's default group -> its World, read where a grid gets one",
     "layout.coordinates._coord_types": "a cache of immutable namedtuple classes, one per tuple of dim names",
     "layout.coordinates._coord_types_lock": "the lock of that cache",
     "launch.sockets._tracked": "a weak index: process group -> its sockets; an entry dies with its group",

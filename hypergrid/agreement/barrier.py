@@ -36,8 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hypergrid.agreement import diagnosis
-from hypergrid.binding import alarm
-from hypergrid.binding.failures import abort_world_groups
+from hypergrid.binding.alarm import Job
 
 __all__ = ["Barrier", "BarrierFailed", "Prober", "Vigil", "probe_every_s"]
 
@@ -76,6 +75,7 @@ class Barrier:
             delete once every member is known to have read it (one operation less per member).
         before_ok: run by the member whose arrival completes the barrier, before it writes ``ok``: while every
             other member waits in the barrier.
+        job: the job whose store this is (a lost store raises ``StoreLostError``; None: torch's error as it is).
     """
 
     def __init__(
@@ -90,6 +90,7 @@ class Barrier:
         side: Any = None,
         linger: bool = False,
         before_ok: Callable[[], object] | None = None,
+        job: Job | None = None,
     ) -> None:
         self.store = store
         self.side = side
@@ -105,6 +106,7 @@ class Barrier:
         self.linger = linger
         self.position = 0  # this member's arrival order (1 for the first), once `run` counted it
         self.before_ok = before_ok
+        self.job = job
 
     def run(self) -> None:
         """Reach the barrier; return once every member did, else raise `BarrierFailed` (the same on every member).
@@ -112,7 +114,7 @@ class Barrier:
         Raises:
             StoreLostError: the job's store is gone.
         """
-        with alarm.store_calls(self.what):
+        with contextlib.nullcontext() if self.job is None else self.job.store_calls(self.what):
             self._run()
 
     def _run(self) -> None:
@@ -163,11 +165,20 @@ class Barrier:
         return bool(dead)
 
     def _await(self) -> bytes:
-        data = diagnosis.await_value(self.store, self._verdict, self.deadline)
+        # A wait woken without the verdict, once the count is gone too, means the others concluded without this
+        # member (a failure naming it dead, read and deleted while it was stopped): it is left behind.
+        data = diagnosis.await_value(self.store, self._verdict, self.deadline, self._gone)
         if data is not None:
             return data
+        if self._gone():
+            raise BarrierFailed(
+                f"{self.what}: the others went on without rank {self.rank} (declared dead)", [self.rank]
+            )
         dead = [member for member in self.probe() if member in set(self.members)] if self.probe is not None else []
         return self._publish(json.dumps({"failed": f"not every member reached {self.what} in time", "dead": dead}))
+
+    def _gone(self) -> bool:
+        return not self.store.check([self._count])
 
     def _publish(self, text: str) -> bytes:
         data: bytes = self.store.compare_set(self._verdict, "", text)
@@ -237,9 +248,9 @@ class Vigil:
     new world, which nothing probes yet (the group's timeout, minutes). Every
     member listens to its liveness (``watch``: the old world's watcher's
     `hypergrid.agreement.watcher.Watcher.on_dead`): once a roll call's verdict
-    names a member dead, every member's waits there end (the current world's
-    alarm sounds, its groups' connections are severed) and `check` raises;
-    the first two members (``probe`` given) ask the roll call every
+    names a member dead, every member's waits there end (``end``: the forming
+    world's alarm sounds, torch's groups' connections are severed) and `check`
+    raises; the first two members (``probe`` given) ask the roll call every
     ``period_s`` meanwhile (`Prober`), as a barrier's first two arrivals do.
 
     Args:
@@ -247,6 +258,7 @@ class Vigil:
             returns what unregisters it (None: no liveness, nothing is heard).
         members: the roll call's rank -> member, for the step's members.
         what: the step, as the failure names it.
+        end: ``end(dead, text)`` ends the step's waits (on the watcher's thread).
         probe: runs a roll call, returns the members found dead (None: this member does not probe).
         period_s: how often ``probe`` is asked.
     """
@@ -256,12 +268,14 @@ class Vigil:
         watch: Callable[[Callable[[tuple[int, ...]], None]], Callable[[], object]] | None,
         members: Mapping[int, int],
         what: str,
+        end: Callable[[list[int], str], None],
         probe: Callable[[], Sequence[int]] | None = None,
         period_s: float = 0.5,
     ) -> None:
         self.watch = watch
         self.members = members
         self.what = what
+        self.end = end
         self.dead: list[int] = []  # the members found dead (set once)
         self._prober = None if probe is None or watch is None else Prober(period_s, probe, bool)
         self._forget: Callable[[], object] | None = None
@@ -291,6 +305,5 @@ class Vigil:
             if not found or self.dead:
                 return
             self.dead = found
-        alarm.sound(found, f"member(s) {found} died while {self.what}")
         with contextlib.suppress(RuntimeError):  # (on the watcher's thread: an error here would end it)
-            abort_world_groups()
+            self.end(found, f"member(s) {found} died while {self.what}")

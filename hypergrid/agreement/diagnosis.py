@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import torch.distributed as dist
 
 from hypergrid.agreement.request import SHOWN, CreationRequest, Verdict
 
@@ -135,22 +138,42 @@ def roster_of(store: Any, prefix: str) -> tuple[dict[int, str], dict[str, str]]:
     return entries, requests
 
 
-def wait_for(store: Any, key: str, deadline: float, stop: Callable[[], bool] | None = None) -> bool:
+#: How long a store wait that a deadline ends another way lasts: a week (torch logs every store wait that times out).
+FOREVER = datetime.timedelta(days=7)
+
+
+def wait_for(store: Any, key: str, deadline: float, stop: Callable[[], bool] | None = None, waker: Any = None) -> bool:
     """Wait until ``key`` exists (True) or ``deadline`` (``time.monotonic()``) passes (False).
 
     torch's store client can return from ``wait`` without the key when its
     timeout ends as another client writes: each return is checked. ``stop``:
     False as soon as it says so after a return (`read` of the absent key, from
     another connection, makes the wait return: `hypergrid.agreement.liveness.Incident.interrupt`).
+    ``waker``: a connection other than ``store``'s; the wait then does not time out (torch would log it): at the
+    deadline a timer reads the absent key through ``waker``, which ends the wait of every waiter of that key (for a
+    key few wait on: the others look again and wait on).
     """
     while (left := deadline - time.monotonic()) > 0:
-        with contextlib.suppress(RuntimeError):  # DistStoreError: the slice ended
-            store.wait([key], datetime.timedelta(seconds=left))
+        timer = None if waker is None else threading.Timer(left, _wake, (waker, key))
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            with contextlib.suppress(dist.DistStoreError):  # the slice ended
+                store.wait([key], FOREVER if timer is not None else datetime.timedelta(seconds=left))
+        finally:
+            if timer is not None:
+                timer.cancel()
         if store.check([key]):
             return True
         if stop is not None and stop():
             return False
     return bool(store.check([key]))
+
+
+def _wake(waker: Any, key: str) -> None:
+    with contextlib.suppress(RuntimeError):  # the store is gone: the wait ends with its loss
+        read(waker, key)
 
 
 def get_until(store: Any, key: str, until: float, stop: Callable[[], bool] | None = None) -> bytes | None:
@@ -167,9 +190,7 @@ def get_until(store: Any, key: str, until: float, stop: Callable[[], bool] | Non
             store.set_timeout(datetime.timedelta(seconds=left))
             try:
                 data = bytes(store.get(key))
-            except RuntimeError as error:  # DistStoreError: ``until`` passed (any other error is the caller's)
-                if "timeout" not in str(error):
-                    raise
+            except dist.DistStoreError:  # ``until`` passed (any other error is the caller's)
                 return None
             if data:
                 return data
@@ -180,20 +201,21 @@ def get_until(store: Any, key: str, until: float, stop: Callable[[], bool] | Non
         store.set_timeout(previous)
 
 
-def await_value(store: Any, key: str, until: float) -> bytes | None:
+def await_value(store: Any, key: str, until: float, stop: Callable[[], bool] | None = None) -> bytes | None:
     """``key``'s value once it exists, or None at ``until`` (``time.monotonic()``): one ``wait``, one read.
 
     For a key whose arrival ends a wait (a verdict): the read that follows is
     needed anyway, so a success costs two operations; a return of torch's
-    ``wait`` without the key is checked, as in `wait_for`.
+    ``wait`` without the key is checked, as in `wait_for`. ``stop``: None as
+    soon as it says so after a return (a `read` of the absent key wakes the wait).
     """
     while True:
         left = until - time.monotonic()
         if left > 0:
-            with contextlib.suppress(RuntimeError):  # DistStoreError: ``until`` passed
+            with contextlib.suppress(dist.DistStoreError):  # ``until`` passed
                 store.wait([key], datetime.timedelta(seconds=left))
         data = read(store, key)
-        if data is not None or time.monotonic() >= until:
+        if data is not None or time.monotonic() >= until or (stop is not None and stop()):
             return data
 
 

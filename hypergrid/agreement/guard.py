@@ -24,9 +24,11 @@ Rounds are keyed by where they stand in one grid's life, never by a counter of
 rounds: ``hypergrid/guard/<grid>/e<epoch>/<sequence>`` for a world-collective
 creation (strategies ``enumerate`` and ``split``), with ``/m<members>`` added for
 a members-only one (``local``). ``<grid>`` is a hash of the grid's description
-and its *ordinal* (how many grids of that description this process built
-before it), ``<epoch>`` counts the grid's ``destroy()`` calls and
-``<sequence>`` its creations since. A rank that skipped or repeated a call, or
+and its *ordinal* (how many grids of that description this rank built on its
+worlds before it: a grid built before ``init_process_group`` takes it at its
+first creation, so a call refused before then changes nothing),
+``<epoch>`` counts the grid's ``destroy()`` calls and ``<sequence>`` its
+creations since. A rank that skipped or repeated a call, or
 used another grid, is therefore in another round: the round's first arrival
 probes for that (`hypergrid.agreement.diagnosis`) and every participant gets an
 `OutOfStepError` naming what each rank called; ``destroy()`` on every rank of
@@ -54,9 +56,9 @@ from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.listening import ended_by_failure, failed_commit, failed_round, liveness
 from hypergrid.agreement.protocol import Round, grace_s, round_keys
 from hypergrid.agreement.request import CreationRequest, shown_ranks
-from hypergrid.binding import alarm, waiting
-from hypergrid.binding.reform import current_epoch
-from hypergrid.binding.worldstate import WORLDS
+from hypergrid.agreement.world import World
+from hypergrid.binding import waiting
+from hypergrid.binding.alarm import quoted
 from hypergrid.errors import RankFailure
 
 __all__ = [
@@ -65,29 +67,12 @@ __all__ = [
     "Scope",
     "agree",
     "creation_failed",
-    "grid_ordinal",
     "grid_scope",
-    "guard_failures",
     "roll_call",
     "settle",
 ]
 
 _PREFIX = "hypergrid/guard"
-
-
-def guard_failures() -> int:
-    """How many guard rounds failed in this process so far, on any grid.
-
-    An out-of-step verdict can span grids (a rank created on grid ``b`` while
-    the others created on ``a``): ``destroy()`` of a grid starts a new epoch
-    when a round failed since its epoch began, even if this rank never used
-    the grid, as it does on the ranks that did.
-
-    Examples:
-        >>> guard_failures() >= 0
-        True
-    """
-    return WORLDS.guard_failures
 
 
 @dataclass(frozen=True)
@@ -106,29 +91,6 @@ class Scope:
     def prefix(self) -> str:
         """The round's key prefix in the store."""
         return f"{_PREFIX}/{self.family}/{self.number}"
-
-
-def grid_ordinal(description: str, forget: int | None = None) -> int:
-    """The ordinal of a new grid of ``description`` in this process (0 for the first), or forget one.
-
-    Two grids with the same description are told apart by the order in which
-    they were built, so ranks that use them in a different order disagree.
-    ``forget``: hand back the ordinal just given (a grid built only as a view of
-    another, which creates nothing itself).
-
-    Examples:
-        >>> grid_ordinal("doctest 2x2"), grid_ordinal("doctest 2x2"), grid_ordinal("doctest 2x2", forget=1)
-        (0, 1, 1)
-        >>> grid_ordinal("doctest 2x2")
-        1
-    """
-    if forget is not None:
-        if WORLDS.grid_ordinals.get(description) == forget + 1:
-            WORLDS.grid_ordinals[description] = forget
-        return forget
-    number = WORLDS.grid_ordinals.get(description, 0)
-    WORLDS.grid_ordinals[description] = number + 1
-    return number
 
 
 def grid_scope(description: str, ordinal: int, epoch: int, sequence: int, members: Sequence[int] | None) -> Scope:
@@ -166,23 +128,25 @@ class GuardLedger:
         self.dead: set[int] = set()  # ranks known dead (``shrink``): they will not release anything
         self.ended: list[str] = []  # records of worlds a shrink ended (`liveness.ended_key`), on one rank of the grid
 
-    def release(self) -> None:
-        """Count this rank out of the recorded rounds, deleting each once its last live participant did so."""
+    def release(self, world: World | None) -> None:
+        """Count this rank out of the recorded rounds, deleting each once its last live participant did so.
+
+        ``world``: the grid's (None: a grid that never had one, which recorded nothing)."""
         rounds, self.rounds = self.rounds, {}
         ranks, self.ranks = self.ranks, set()
         commits, self.commits = self.commits, {}
         ended, self.ended = self.ended, []
-        if not dist.is_initialized() or dist.get_backend() == "fake":
+        if world is None or not world.is_current() or dist.get_backend() == "fake":
             return
         with contextlib.suppress(RuntimeError):  # the record of the world the grid's shrink ended: its keeper is done
             for key in ended:
-                current_epoch().base_store.delete_key(key)
-        if dist.get_world_size() < 2:
+                world.base_store.delete_key(key)
+        if world.size < 2:
             return
         store = c10d._get_default_store()
-        for family_rounds in WORLDS.state().guard_leftovers.values():
+        for family_rounds in world.guard_leftovers.values():
             family_rounds[:] = [prefix for prefix in family_rounds if prefix not in rounds]
-        last = WORLDS.state().guard_last_commits
+        last = world.guard_last_commits
         with contextlib.suppress(RuntimeError):  # the store is gone: nothing left to delete
             for prefix, dead in rounds.items():
                 _release_round(store, prefix, dead)
@@ -192,7 +156,7 @@ class GuardLedger:
                 if store.add(f"{prefix}/released", 1) >= live:  # the last live member to let go deletes it
                     store.delete_key(f"{prefix}/verdict")
                     store.delete_key(f"{prefix}/released")
-            for rank in sorted(ranks | {dist.get_rank()}):
+            for rank in sorted(ranks | {world.rank}):
                 store.delete_key(announce_key(rank))
 
     def record(self, prefix: str, dead: Sequence[int] = ()) -> None:
@@ -211,8 +175,8 @@ def _release_round(store: Any, prefix: str, dead: set[int]) -> None:
             store.delete_key(key)
 
 
-@alarm.store_calls("a creation's guard round")
 def agree(
+    world: World,
     request: CreationRequest,
     participants: Sequence[int],
     scope: Scope,
@@ -225,6 +189,7 @@ def agree(
     Returns False where no round was needed (a lone participant, the fake backend).
 
     Args:
+        world: the world the creation is in (the grid's).
         request: what this rank is about to create.
         participants: every rank that takes part (sorted; the caller among them).
         scope: from `world_scope` or `members_scope`, equal on all participants.
@@ -238,12 +203,25 @@ def agree(
     """
     if len(participants) < 2 or dist.get_backend() == "fake":
         return False  # nobody to disagree with: a lone rank, or torch's one-process fake backend
+    with world.job.store_calls("a creation's guard round"):
+        return _agree(world, request, participants, scope, timeout_s, progress_s, ledger)
+
+
+def _agree(
+    world: World,
+    request: CreationRequest,
+    participants: Sequence[int],
+    scope: Scope,
+    timeout_s: float,
+    progress_s: float,
+    ledger: GuardLedger | None,
+) -> bool:
     # The default group's store: torch exposes it only through this accessor, which torch's own
     # helpers and Megatron use too.
     store = c10d._get_default_store()
-    leftovers = WORLDS.state().guard_leftovers.setdefault(scope.family, [])
-    rank = dist.get_rank()
-    probe, _ = liveness(participants)
+    leftovers = world.guard_leftovers.setdefault(scope.family, [])
+    rank = world.rank
+    probe, _ = liveness(world, participants)
     what = f"{request.call()} on grid {request.grid}"
     rounds = Round(
         store,
@@ -257,12 +235,15 @@ def agree(
         probe,
         waiting.probe_after_s(),
     )
-    with ended_by_failure(lambda side: side.compare_set(f"{scope.prefix}/verdict", "", failed_round(what))):
+    ended = ended_by_failure(
+        world, lambda side: side.compare_set(f"{scope.prefix}/verdict", "", failed_round(world, what))
+    )
+    with ended:
         verdict = rounds.run()
     if verdict.kind == "failure":
-        alarm.check_fence(what)  # a rank the others left behind raises FencedError, the others the verdict
+        world.alarm.check_fence(what)  # a rank the others left behind raises FencedError, the others the verdict
     if verdict.kind != "ok":
-        WORLDS.guard_failures += 1
+        world.job.guard_failures += 1
         leftovers.append(scope.prefix)
         if ledger is not None:
             ledger.record(scope.prefix, [rank for first, last in verdict.dead for rank in range(first, last + 1)])
@@ -291,9 +272,14 @@ def roll_call(prefix: str, participants: Sequence[int], deadline: float) -> list
     return [other for other in participants if other not in answered]
 
 
-@alarm.store_calls("a creation's commit barrier")
 def settle(
-    prefix: str, participants: Sequence[int], started: float, timeout_s: float, what: str, ledger: GuardLedger | None
+    world: World,
+    prefix: str,
+    participants: Sequence[int],
+    started: float,
+    timeout_s: float,
+    what: str,
+    ledger: GuardLedger | None,
 ) -> None:
     """Return once every participant created its groups; else raise the same `RankFailure` on every survivor.
 
@@ -306,19 +292,24 @@ def settle(
     SIGSTOP) gets the failure too, never success.
     """
     store: Any = c10d._get_default_store()
-    rank = dist.get_rank()
-    probe, side = liveness(participants)
+    probe, side = liveness(world, participants)
     deadline = started + timeout_s
-    barrier = Barrier(store, prefix, rank, participants, deadline, f"the end of creating {what}", probe, side, True)
+    what_step = f"the end of creating {what}"
+    barrier = Barrier(store, prefix, world.rank, participants, deadline, what_step, probe, side, True, job=world.job)
+    failed_here = lambda side: barrier.fail(side, *failed_commit(world, f"creating {what}", participants))  # noqa: E731
     try:
-        with ended_by_failure(lambda side: barrier.fail(side, *failed_commit(f"creating {what}", participants))):
+        with ended_by_failure(world, failed_here):
             barrier.run()
     except BarrierFailed as failed:
-        raise creation_failed(None, what, prefix, participants, started, timeout_s, ledger, failed.dead) from None
-    _tidy(store, prefix, barrier, participants, ledger)
+        error = creation_failed(world, None, what, prefix, participants, started, timeout_s, ledger, failed.dead)
+        raise error from None
+    with world.job.store_calls("a creation's commit barrier"):
+        _tidy(world, store, prefix, barrier, participants, ledger)
 
 
-def _tidy(store: Any, prefix: str, barrier: Barrier, participants: Sequence[int], ledger: GuardLedger | None) -> None:
+def _tidy(
+    world: World, store: Any, prefix: str, barrier: Barrier, participants: Sequence[int], ledger: GuardLedger | None
+) -> None:
     """The commit under ``prefix`` passed: delete what nobody reads any more, one key per member at most.
 
     Every member read the round's verdict before it committed, and the previous
@@ -330,7 +321,7 @@ def _tidy(store: Any, prefix: str, barrier: Barrier, participants: Sequence[int]
     """
     round_prefix = prefix.rpartition("/")[0]
     family = round_prefix.rpartition("/")[0]
-    last = WORLDS.state().guard_last_commits
+    last = world.guard_last_commits
     keys = [f"{round_prefix}/roster", f"{round_prefix}/verdict", barrier.count_key]
     if family in last:
         keys.append(f"{last[family]}/verdict")
@@ -342,6 +333,7 @@ def _tidy(store: Any, prefix: str, barrier: Barrier, participants: Sequence[int]
 
 
 def creation_failed(
+    world: World,
     error: Exception | None,
     what: str,
     prefix: str,
@@ -361,11 +353,13 @@ def creation_failed(
     ends by then plus `grace_s`.
     """
     store: Any = c10d._get_default_store()
-    said = f"; torch said: {error}" if error is not None else f"; not every rank finished within {timeout_s:g} s"
+    said = (
+        f"; torch said: {quoted(error)}" if error is not None else f"; not every rank finished within {timeout_s:g} s"
+    )
     if error is not None:
-        Barrier(store, prefix, dist.get_rank(), participants, started + timeout_s, what).fail(store, said)
+        Barrier(store, prefix, world.rank, participants, started + timeout_s, what).fail(store, said)
     if dead is None:
-        probe, _ = liveness(participants)
+        probe, _ = liveness(world, participants)
         if probe is not None:
             dead = list(probe())
         else:

@@ -23,58 +23,53 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch.distributed as dist
-
 from hypergrid.agreement.request import failure_verdict
-from hypergrid.agreement.world import current_world
-from hypergrid.binding import alarm
+from hypergrid.agreement.world import World
 from hypergrid.errors import FencedError
 
 __all__ = ["ended_by_failure", "failed_commit", "failed_round", "liveness"]
 
 
-def liveness(participants: Sequence[int]) -> tuple[Callable[[], Sequence[int]] | None, Any]:
+def liveness(world: World, participants: Sequence[int]) -> tuple[Callable[[], Sequence[int]] | None, Any]:
     """The world's liveness probe (its watcher's roll call: the participants found dead so far) and the default
     group's store as a probing thread may use it; (None, None) where no watcher runs."""
-    world = current_world()
-    watcher = None if world is None else world.watcher
-    if world is None or watcher is None:
+    watcher = world.watcher
+    if watcher is None:
         return None, None
     members = set(participants)
     probe = lambda: [rank for rank in watcher.probe("a guarded creation waits") if rank in members]  # noqa: E731
     return probe, world.default_calls
 
 
-def ended_by_failure(end: Callable[[Any], object]) -> contextlib.AbstractContextManager[None]:
+def ended_by_failure(world: World, end: Callable[[Any], object]) -> contextlib.AbstractContextManager[None]:
     """While inside, the world's failure runs ``end(store)``: it writes the failure into the key the wait blocks on.
 
     ``store``: the default group's store for the thread that heard the news
     (the main thread's connection is blocked in the wait). Nothing where no
     watcher runs (a world of one, the fake backend).
     """
-    world = current_world()
-    if world is None or world.watcher is None:
+    if world.watcher is None:
         return contextlib.nullcontext()
     store = world.default_calls
-    return alarm.listening(lambda: end(store))
+    return world.alarm.listening(lambda: end(store))
 
 
-def failed_round(what: str) -> str:
+def failed_round(world: World, what: str) -> str:
     """The encoded failure verdict of a guard round that the world's failure ended (the dead its roll call named).
 
     On a rank the others left behind, the round fails without it: the verdict names it.
     """
-    error = alarm.pending(what)
+    error = world.alarm.pending(what)
     if isinstance(error, FencedError):
-        rank = dist.get_rank()
+        rank = world.rank
         return failure_verdict(f"{what} failed: rank {rank} was excluded by the others", [rank]).encode()
     dead = getattr(error, "dead", [])
     return failure_verdict(str(error) if error is not None else f"{what} failed: the world failed", dead).encode()
 
 
-def failed_commit(what: str, participants: Sequence[int]) -> tuple[str, list[int]]:
+def failed_commit(world: World, what: str, participants: Sequence[int]) -> tuple[str, list[int]]:
     """A commit's failure when the world failed during it: why, and its dead among the participants."""
-    error = alarm.pending(what)
+    error = world.alarm.pending(what)
     members = set(participants)
     dead = sorted(rank for rank in getattr(error, "dead", ()) if rank in members)
     said = str(error).splitlines()[0] if error is not None else "the world failed"

@@ -37,11 +37,14 @@ side: they are told so (``minority``) and fence themselves. A rank that comes ba
 after the others moved on (resumed after SIGSTOP, late from a partition)
 therefore never declares the rest of the world dead, whatever it reports.
 
-**Leaving.** A rank whose process ends normally appends itself to
-``hypergrid/live/<w>/left`` (`Incident.leave`, at interpreter exit): the closer
-of a roll call that some rank did not answer leaves those out of the expected
-ranks, so the last ranks of a job that ends are neither fenced nor told that
-the others died.
+**Joining and leaving.** A rank joins the world's watch when it first holds a
+grid of the world and leaves it when its world closes (`record_member`:
+``hypergrid/live/<w>/members``). The closer of a roll call that some rank did
+not answer reads that list: a missing rank that never joined is *late* (still
+setting up: never dead), one that left ended normally; only a rank that joined
+and then did not answer is dead. So the last ranks of a job that ends are
+neither fenced nor told that the others died, and a rank slow to build its
+first grid is never declared dead for it.
 
 **Fencing.** A watcher that finds its incident's call or verdict gone after it
 woke while ``done`` says the incident is over (the live ranks read it and
@@ -57,7 +60,7 @@ read, wait on the next incident's wake key: 7 requests, whatever the number of
 ranks, and one more for a block's lowest live rank (it deletes the block's
 wake key). A closer adds its wait for ``I/woken``, its reads of the count
 (at most ``QUIET_READS + 2``, each after the first with a ``check`` of the
-verdict), the reads of the call, the left list and the roster, and the
+verdict), the reads of the call, the members list and the roster, and the
 verdict; the last reader writes ``done`` and
 deletes the incident's 6 keys and the dead ranks' blocks' wake keys. The
 caller writes one wake key per block, in one ``multi_set`` per `MULTI_SET_KEYS`
@@ -82,7 +85,8 @@ from hypergrid.agreement.rollkeys import (
     end_text,
     ended_key,
     incident_prefix,
-    left_key,
+    member_status,
+    members_key,
     wake_key,
     wake_keys,
 )
@@ -101,8 +105,9 @@ __all__ = [
     "end_text",
     "ended_key",
     "incident_prefix",
-    "left_key",
     "majority",
+    "members_key",
+    "record_member",
     "wake_key",
 ]
 
@@ -154,6 +159,7 @@ class Incident:
         self._complete = False
         self._order = 0  # this rank's place among the answers
         self.stop: Callable[[], bool] = lambda: False  # whether to give up (the watcher stopped: `interrupt`)
+        self.waker: Any = None  # a second connection: ends a wait for ``I/woken`` at its deadline (`diagnosis`)
 
     @property
     def world(self) -> int:
@@ -218,89 +224,81 @@ class Incident:
         (``time.monotonic()``): the fallback where the caller died before it woke them all. So every live rank
         has at least ``liveness_s`` from its wake to answer, however long the wake took.
 
-        The first two ranks to answer close the roll call at the deadline; the others wait longer (`BACKUP_S` past
-        the fallback) and close it only if both of those died meanwhile, so a roll call with a dead rank ends one
-        timed-out store wait on two ranks, not on all of them (torch logs each one). Nothing closes it earlier
+        The first two ranks to answer close the roll call at the deadline, reading the answers' count and the
+        verdict without a store wait that times out (torch logs each one); the others wait for the verdict longer
+        (`BACKUP_S` past the fallback) and close it only if both of those died meanwhile. Nothing closes it earlier
         than the deadline unless every expected rank answered: a rank that answers before it is never named dead.
         """
         kind, _, text = call.partition(" ")
         fallback = seen + bound_s(len(self.expected), liveness_s)
         if self._complete:  # published after the wake's end (`wake_key`), which every answer needed anyway
-            diagnosis.wait_for(self.store, self.key("woken"), fallback, self.stop)
+            diagnosis.wait_for(self.store, self.key("woken"), fallback, self.stop, self.waker)
             return None if self.stop() else self._publish(Verdict(kind, (), text))
-        data = None
         if self._order > 2:
             until = fallback + BACKUP_S
-        elif diagnosis.wait_for(self.store, self.key("woken"), fallback, self.stop):
-            data, until = self._settle(seen, fallback, bound_s(0, liveness_s))  # (the bound alone: no per-rank part)
+        elif diagnosis.wait_for(self.store, self.key("woken"), fallback, self.stop, self.waker):
+            until = self._settle(seen, fallback, bound_s(0, liveness_s))  # (the bound alone: no per-rank part)
         else:
             until = fallback
-        if data is None:
-            data = diagnosis.get_until(self.store, self.key("verdict"), until, self.stop)
+        data = diagnosis.get_until(self.store, self.key("verdict"), until, self.stop)
         if data is not None:
             return Verdict.decode(data)
         if self.stop() or diagnosis.read(self.store, self.key("call")) is None:
             return None  # stopped, or an answer too late: the others read the verdict that names it and went on
-        left = set(_ranks(diagnosis.read(self.store, self.left_key)))
-        expected = [rank for rank in self.expected if rank not in left]
-        answered = diagnosis.alive_of(self.store, self.prefix)
-        alive = sorted(answered & set(expected))
-        if not majority(alive, expected):
-            return self._publish(Verdict("minority", (), text, tuple(alive)))
-        dead = tuple(rank for rank in expected if rank not in answered)  # one set, not one per rank (O(N^2))
-        return self._publish(Verdict(kind, dead, text))
+        return self._publish(self.judge(kind, text))
 
-    def _settle(self, seen: float, fallback: float, liveness: float) -> tuple[bytes | None, float]:
-        """A closer that saw ``I/woken`` just now: the verdict if it read it, and when to stop waiting for it.
+    def judge(self, kind: str, text: str) -> Verdict:
+        """The verdict from the roster: who answered, who is in the watch (`members_key`). One read of each.
+
+        A missing rank is dead only if it joined the world's watch and did not leave it; a late one (never
+        joined) or one that left is *absent*: neither dead nor a reader. The majority is counted among the ranks
+        in the watch and those that answered.
+        """
+        status = member_status(diagnosis.read(self.store, members_key(self.world)))
+        answered = diagnosis.alive_of(self.store, self.prefix)  # one set, not one per rank (O(N^2))
+        alive = tuple(rank for rank in self.expected if rank in answered)
+        counted = [rank for rank in self.expected if rank in answered or status.get(rank, False)]
+        if not majority(alive, counted):
+            return Verdict("minority", (), text, alive, readers=len(alive))
+        dead = tuple(rank for rank in counted if rank not in answered)
+        absent = tuple(rank for rank in self.expected if rank not in answered and not status.get(rank, False))
+        return Verdict(kind, dead, text, absent=absent, readers=len(alive))
+
+    def _settle(self, seen: float, fallback: float, liveness: float) -> float:
+        """A closer that saw ``I/woken`` just now: when to stop waiting for the verdict (then it publishes one).
 
         It closes once ``liveness`` passed since the wake's end and since the last answer (between the read that
         saw the count change and the one that saw it unchanged: the store counted nothing in between), at the
-        latest as long again as the wake took, and ``fallback``. It waits for the verdict until the bound, then
-        reads the count `QUIET_READS` times per span of ``liveness`` or of the wake, the longer, each time with a
-        ``check`` of the verdict (a ``compare_set`` read of it would wake its waiters): at most
-        ``QUIET_READS + 2`` reads and ``QUIET_READS + 1`` checks, whatever the ranks. It pauses between reads
-        (torch logs every store wait that times out), so it sees a verdict published meanwhile at its next read.
+        latest as long again as the wake took, and ``fallback``. It reads the count `QUIET_READS` times per span of
+        ``liveness`` or of the wake, the longer, each time with a ``check`` of the verdict (a ``compare_set`` read
+        of it would wake its waiters): at most ``2 * QUIET_READS + 1`` reads and as many checks, whatever the
+        ranks. It pauses between reads (torch logs every store wait that times out), so it sees a verdict
+        published meanwhile at its next read.
         """
         woken = time.monotonic()
         cap = min(fallback, woken + liveness + (woken - seen))
         count = diagnosis.read(self.store, self.key("count"))
         since = time.monotonic()  # (after the read: an answer counted during it may be the last)
-        bound = min(cap, since + liveness)
-        data = diagnosis.get_until(self.store, self.key("verdict"), bound, self.stop)
-        if data is not None or self.stop():
-            return data, time.monotonic()
-        self._pause(bound - time.monotonic())  # (torch's timed wait may end a little early)
         pace = max(liveness, woken - seen) / QUIET_READS
+        self._pause(min(pace, cap - since))
         while (now := time.monotonic()) < cap and not self.stop():
             current = diagnosis.read(self.store, self.key("count"))
             if current is None:
-                return None, now  # over: its verdict read by the others (this rank was too late)
+                return now  # over: its verdict read by the others (this rank was too late)
             if int(current) >= len(self.expected) or self.store.check([self.key("verdict")]):
-                return None, cap  # complete (its last answer publishes the verdict), or the other closer published it
+                return cap  # complete (its last answer publishes the verdict), or the other closer published it
             if current != count:
                 count, since = current, time.monotonic()  # an answer came in since the last read
             elif now - since >= liveness:
-                return None, now
+                return now
             self._pause(min(pace, cap - now))
-        return None, time.monotonic() if self.stop() else cap
+        return time.monotonic() if self.stop() else cap
 
     def _pause(self, seconds: float) -> None:
         """Sleep ``seconds``, or until `stop` says so (looked at every 0.1 s: `Watcher.halt` wakes as often)."""
         until = time.monotonic() + seconds
         while not self.stop() and (left := until - time.monotonic()) > 0:
             time.sleep(min(left, 0.1))
-
-    @property
-    def left_key(self) -> str:
-        return left_key(self.world)
-
-    def leave(self) -> None:
-        """This rank's process ends normally: list it as left (not dead); the last to leave deletes the list
-        and the world's ``done`` (`done_key`)."""
-        self.store.append(self.left_key, f"{self.rank}\n")
-        if self.store.add(f"{self.left_key}-count", 1) >= len(self.expected):
-            for key in (self.left_key, f"{self.left_key}-count", done_key(self.world)):
-                self.store.delete_key(key)
 
     def read_end(self, call: str, deadline: float) -> tuple[int, ...]:
         """This rank read the world's end (`end_text`): count it; the last reader deletes it. The dead.
@@ -316,16 +314,20 @@ class Incident:
             return tuple(dead)
         if self.store.add(self.key("read"), 1) >= readers:
             diagnosis.wait_for(self.store, self.key("woken"), deadline)
-            keys = [self.key(name) for name in ("call", "woken", "read")] + [done_key(self.world)]
+            keys = [self.key(name) for name in ("call", "woken", "read")] + world_keys(self.world)
             for key in keys + wake_keys(self.world, self.number, self.expected):
                 self.store.delete_key(key)
         return tuple(dead)
 
     def conclude(self, verdict: Verdict) -> None:
-        """This rank read ``verdict``: count it; the last live reader deletes the incident's keys."""
-        if self.rank in verdict.dead:
-            return  # a rank declared dead takes no part in the clean-up (the others may be done already)
-        readers = len(verdict.alive) if verdict.kind == "minority" else len(self.expected) - len(verdict.dead)
+        """This rank read ``verdict``: count it; the last reader deletes the incident's keys.
+
+        The readers are the ranks that answered in time: a rank declared dead, or absent (its answer came after
+        the roster was read), takes no part in the clean-up (the others may be done already).
+        """
+        if self.rank in verdict.dead or self.rank in verdict.absent or not self._order:
+            return
+        readers = len(self.expected) - len(verdict.dead) if verdict.readers is None else verdict.readers
         last = self.store.add(self.key("read"), 1) >= readers
         if self._first_of_block(verdict):
             self.store.delete_key(wake_key(self.world, self.number, self.rank))  # after I/woken, as the verdict
@@ -334,7 +336,7 @@ class Incident:
             self.store.set(done_key(self.world), str(self.number))
             for name in INCIDENT_KEYS:
                 self.store.delete_key(self.key(name))
-            for key in wake_keys(self.world, self.number, verdict.dead):  # a block of the dead may have no reader
+            for key in wake_keys(self.world, self.number, (*verdict.dead, *verdict.absent)):  # (maybe no reader)
                 self.store.delete_key(key)
 
     def _first_of_block(self, verdict: Verdict) -> bool:
@@ -343,7 +345,7 @@ class Incident:
         lower = range(self.rank - self.rank % WAKE_BLOCK, self.rank)
         if verdict.kind == "minority":
             return not set(lower) & set(verdict.alive)
-        dead = set(verdict.dead)
+        dead = {*verdict.dead, *verdict.absent}
 
         def expected(rank: int) -> bool:
             at = bisect.bisect_left(self.expected, rank)
@@ -369,5 +371,16 @@ class Incident:
         return verdict if current == text.encode() else Verdict.decode(current)
 
 
-def _ranks(data: bytes | None) -> list[int]:
-    return [int(line) for line in (data or b"").decode().split()]
+def world_keys(world: int) -> list[str]:
+    """The keys a world keeps beside its incidents' while it is watched (its end's last reader deletes them)."""
+    return [done_key(world), members_key(world), f"{members_key(world)}-count"]
+
+
+def record_member(store: Any, world: int, rank: int, joined: bool, dead: int = 0) -> None:
+    """``rank`` joins (``joined``) or leaves world ``world``'s watch (`members_key`); the last live rank to leave
+    (``dead``: how many of the world's members the roll calls found dead, which never leave) deletes the world's
+    keys (`world_keys`). Two requests, three more for the last."""
+    store.append(members_key(world), f"{'+' if joined else '-'}{rank}\n")
+    if store.add(f"{members_key(world)}-count", 1 if joined else -1) <= (0 if joined else dead):
+        for key in world_keys(world):
+            store.delete_key(key)

@@ -45,6 +45,7 @@ before its clean-up leaves nothing behind).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -53,11 +54,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch.distributed as dist
+
 from hypergrid.agreement import diagnosis
 from hypergrid.agreement.barrier import Prober
 from hypergrid.agreement.liveness import majority
-from hypergrid.binding import alarm
-from hypergrid.errors import DesyncError, RankFailure
+from hypergrid.binding.alarm import Job
+from hypergrid.errors import DesyncError, FencedError, RankFailure
 from hypergrid.values import format_ranks
 
 __all__ = ["MembershipRound", "Proposal", "call_key", "probe_period_s", "release_key", "wait_for_call"]
@@ -124,22 +127,20 @@ class Proposal:
         return cls(tuple(dead), policy, dim, families)
 
 
-def wait_for_call(store: Any, epoch: int, slice_s: float = 60.0, gone: Callable[[], None] | None = None) -> str:
+def wait_for_call(
+    store: Any, epoch: int, slice_s: float = 7 * 24 * 3600.0, gone: Callable[[], None] | None = None
+) -> str:
     """Block until the round of ``epoch`` is called; return the call (``shrink ...`` or ``release``).
 
-    One blocking ``wait`` per ``slice_s`` (no polling), then one read. A
-    wait that returns without the call (a slice ended, or this process was
-    stopped while the call was written and deleted: it resumes now) runs
-    ``gone``, which raises if this rank was left behind (a spare the others
-    declared dead), before the wait goes on.
+    One blocking ``wait`` (a week long: it never times out in practice, and torch logs every store wait that
+    does), then one read. A wait that returns without the call (this process was stopped while the call was
+    written and deleted: it resumes now; or a read of the absent key woke it) runs ``gone``, which raises if this
+    rank was left behind (a spare the others declared dead), before the wait goes on.
     """
     key = call_key(epoch)
     while True:
-        try:
+        with contextlib.suppress(dist.DistStoreError):  # the slice ended (a store that is gone ends the job)
             store.wait([key], datetime.timedelta(seconds=slice_s))
-        except RuntimeError as error:  # the slice ended; a store that is gone ends the job
-            if "timeout" not in str(error).lower() and "timed out" not in str(error).lower():
-                raise
         data = diagnosis.read(store, key)
         if data is not None:
             return data.decode()
@@ -162,6 +163,7 @@ class MembershipRound:
         timeout_s: how long to wait for a rank nobody named (and no roll call found dead) before declaring it dead.
         probe: the world's liveness probe: runs a roll call, returns every rank found dead so far.
         side: a store connection the probing thread may use while this rank's is blocked (needed with ``probe``).
+        job: the job whose store this is (a lost store raises ``StoreLostError``).
     """
 
     def __init__(
@@ -174,7 +176,9 @@ class MembershipRound:
         timeout_s: float,
         probe: Callable[[], Sequence[int]] | None = None,
         side: Any = None,
+        job: Job | None = None,
     ) -> None:
+        self.job = Job(store) if job is None else job
         self.store = store
         self.prefix = prefix
         self.rank = rank
@@ -191,15 +195,16 @@ class MembershipRound:
         self._done = f"{prefix}/done"
         self._started = 0.0
         self._counted = 0
+        self.stop: Callable[[], bool] = lambda: False  # give up waiting (this rank was fenced: `wake` ends the wait)
 
     def run(self) -> tuple[int, ...]:
-        """The dead ranks all survivors agreed on (sorted).
+        """The dead ranks all survivors agreed on (sorted); () when `stop` ended the wait (the caller knows why).
 
         Raises:
-            RankFailure: this rank was declared dead (it arrived too late, or another survivor named it).
+            FencedError: this rank was declared dead (it arrived too late, or another survivor named it).
             DesyncError: survivors asked for different policies or dims.
         """
-        with alarm.store_calls("shrink's membership round"):
+        with self.job.store_calls("shrink's membership round"):
             return self.decide() if self.arrive() else self.await_verdict()
 
     def arrive(self) -> bool:
@@ -231,13 +236,24 @@ class MembershipRound:
         if self._counted <= 2 and self.probe is not None and self.side is not None:
             prober = Prober(probe_period_s(len(self.expected)), self.probe, self._dead_found).start()
         try:
-            data = diagnosis.await_value(self.store, self._verdict, self._started + self.timeout_s)
+            # (a wake without the verdict, once the roster is gone too: the round ended without this rank)
+            stop = lambda: self.stop() or not self.store.check([self._roster])  # noqa: E731
+            data = diagnosis.await_value(self.store, self._verdict, self._started + self.timeout_s, stop)
         finally:
             if prober is not None:
                 prober.stop()
+        if data is None and self.stop():
+            return ()
+        if data is None and not self.store.check([self._roster]):
+            raise self._declared_dead([self.rank])
         if data is None:
             self._give_up(set(self.probe() if self.probe is not None else ()), timed_out=True)
         return self._conclude(data)
+
+    def wake(self, store: Any) -> None:
+        """End this round's wait from another thread's ``store`` (a read of the absent verdict wakes its waiters:
+        the others look and wait again), once `stop` says so."""
+        diagnosis.read(store, self._verdict)
 
     def _dead_found(self, found: set[int]) -> bool:
         """The prober found ``found`` dead: give up now if the proposals did not name all of them."""
@@ -320,11 +336,11 @@ class MembershipRound:
             raise self._declared_dead(dead)
         return tuple(dead)
 
-    def _declared_dead(self, dead: list[int]) -> RankFailure:
-        return RankFailure(
+    def _declared_dead(self, dead: list[int]) -> FencedError:
+        return FencedError(
             f"grid.shrink: rank {self.rank} was declared dead by the other survivors (another proposal named "
-            f"it, or it arrived after their {self.timeout_s:g} s timeout); dead: {format_ranks(dead)}",
-            dead,
+            f"it, or it arrived after their {self.timeout_s:g} s timeout; dead: {format_ranks(dead)}): it cannot "
+            "take part in the job any more: exit, and let the launcher start a new process if one is needed"
         )
 
 

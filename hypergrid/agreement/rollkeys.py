@@ -7,7 +7,7 @@ Keys of world ``w`` (``hypergrid/live/<w>``) and of its incident ``k`` (``I = hy
 - ``I/wake/<block>``: what the watchers of the block's ranks block on (`wake_key`: one key per `WAKE_BLOCK`
   consecutive ranks);
 - ``hypergrid/live/<w>/done``: the last incident whose every live rank read its verdict (`done_key`);
-- ``hypergrid/live/<w>/left``: the ranks whose process ended normally (`left_key`);
+- ``hypergrid/live/<w>/members``: who joined the world's watch and who left it (`members_key`), and its count;
 - ``hypergrid/live/<w>/ended``: the ranks a shrink left behind (`ended_key`).
 """
 
@@ -24,7 +24,8 @@ __all__ = [
     "end_text",
     "ended_key",
     "incident_prefix",
-    "left_key",
+    "member_status",
+    "members_key",
     "wake_key",
     "wake_keys",
 ]
@@ -54,14 +55,34 @@ def end_text(dead: Sequence[int], world_size: int, caller: int | None = None) ->
     return END + json.dumps([sorted(dead), world_size - len(set(dead)), *([] if caller is None else [caller])])
 
 
-def left_key(world: int) -> str:
-    """The key that lists the ranks of world ``world`` whose process ended normally.
+def members_key(world: int) -> str:
+    """The key that says who joined world ``world``'s watch (``+<rank>`` lines) and who left it (``-<rank>``).
+
+    A rank joins when it first holds a grid of the world, and leaves when its
+    world closes (its last grid's ``destroy()``, ``destroy_process_group()``,
+    exit); it may join again. A roll call names dead only a rank whose last
+    line is a join: one that never joined is *late* (never dead), one that
+    left is gone normally. ``<key>-count`` counts joins minus leaves: the rank
+    that brings it back to 0 deletes the world's keys.
 
     Examples:
-        >>> left_key(0)
-        'hypergrid/live/0/left'
+        >>> members_key(0)
+        'hypergrid/live/0/members'
     """
-    return f"{PREFIX}/{world}/left"
+    return f"{PREFIX}/{world}/members"
+
+
+def member_status(data: bytes | None) -> dict[int, bool]:
+    """rank -> whether it is in the watch now (its last line a join), from `members_key`'s value.
+
+    Examples:
+        >>> member_status(b" ".join([b"+0", b"+1", b"-1", b"+2"]))
+        {0: True, 1: False, 2: True}
+    """
+    status: dict[int, bool] = {}
+    for line in (data or b"").decode().split():
+        status[int(line[1:])] = line[0] == "+"
+    return status
 
 
 def ended_key(world: int) -> str:
@@ -84,8 +105,8 @@ def done_key(world: int) -> str:
     A watcher woken without a call in its incident tells from it whether the
     others finished that incident without it (it is fenced) or a neighbour's
     close woke it (it waits again). One key per world, overwritten; deleted
-    by the last reader of the world's end, or with the list of ranks that left
-    (`left_key`).
+    by the last reader of the world's end, or with the world's members when the
+    last of them left (`members_key`).
 
     Examples:
         >>> done_key(0)

@@ -41,12 +41,17 @@ class Verdict:
         dead: the expected ranks that did not answer in time (sorted); empty for a minority.
         text: what the caller said.
         alive: for a minority, the ranks that answered (they fence themselves).
+        absent: expected ranks that did not answer and are not dead: *late* ones (they never joined the world's
+            watch: `hypergrid.agreement.rollkeys.members_key`) and those that left it; they do not read the verdict.
+        readers: how many ranks read the verdict (those that answered in time); None: every expected rank not dead.
     """
 
     kind: str
     dead: tuple[int, ...] = ()
     text: str = ""
     alive: tuple[int, ...] = ()
+    absent: tuple[int, ...] = ()
+    readers: int | None = None
 
     @property
     def failed(self) -> bool:
@@ -58,9 +63,10 @@ class Verdict:
         return rank in self.dead or (self.kind == "minority" and rank in self.alive)
 
     def encode(self) -> str:
-        return json.dumps({"kind": self.kind, "dead": list(self.dead), "text": self.text, "alive": list(self.alive)})
+        fields = {"kind": self.kind, "dead": list(self.dead), "text": self.text, "alive": list(self.alive)}
+        return json.dumps({**fields, "absent": list(self.absent), "readers": self.readers})
 
     @classmethod
     def decode(cls, data: bytes) -> Verdict:
-        fields = json.loads(data)
-        return cls(fields["kind"], tuple(fields["dead"]), fields["text"], tuple(fields["alive"]))
+        f = json.loads(data)
+        return cls(f["kind"], tuple(f["dead"]), f["text"], tuple(f["alive"]), tuple(f["absent"]), f["readers"])

@@ -1,26 +1,15 @@
-"""Each rank's watcher: one thread, blocked on one store key, that answers for its rank and spreads failure news.
+"""Each rank's watcher: one thread per world, blocked on one store key, that answers for its rank and acts on verdicts.
 
-The thread waits on its block's wake key for the next incident (`hypergrid.agreement.liveness.wake_key`: one per 8
-consecutive ranks) on a store connection of its own (a store client serves one call at a time, and the main thread's
-may be blocked); `Watcher.side` serves short calls from other threads (reports, probes, a barrier failed from
-outside). When any rank calls the world's next incident, it writes the wake key of every block of expected ranks;
-every watcher wakes at once, answers the roll call, reads the verdict and acts on it:
-
-- a failure (or a probe that found dead ranks): `hypergrid.binding.alarm.sound` ends every grid wait of its rank
-  with ``RankFailure`` naming the dead, and the callbacks of `Watcher.on_failure` (its first failure) and of
-  `Watcher.on_dead` (each verdict naming dead: ``shrink``'s attempts) run;
-- its own rank declared dead, or on the minority side, or the incident over without it (the others moved on):
-  `hypergrid.binding.alarm.fence`.
-
-`Watcher.report` is what a rank calls when it sees a failure (or, with ``probe``, when a wait lasts too long): it
-opens the current incident and returns the verdict. Nothing runs on a healthy step: the thread is blocked in one
-``wait``, which never times out (torch logs each store wait that does). `Watcher.halt` (its world's ``close``) ends
-the thread; no other rank's answers for it (the watchers of its block, which it wakes too, and any wait of theirs it
-interrupts, wait again).
-
-A watcher belongs to its world (`hypergrid.agreement.world.World`), which starts it with the first grid of the world
-when the world has more than one rank, a backend other than torch's ``fake``, a store that can open a second
-connection (``Store.clone``) and ``HYPERGRID_WATCH`` is not ``0``.
+The thread waits on its block's wake key for the world's next incident (`hypergrid.agreement.liveness.wake_key`)
+on a store connection of its own; `Watcher.side` serves short calls from other threads. When any rank calls an
+incident, every watcher wakes, answers the roll call, reads the verdict and acts on it: a failure (or a probe that
+found dead ranks) runs `Watcher.on_failure`'s callbacks (its world's: the alarm sounds, every grid wait ends with
+``RankFailure``) and `Watcher.on_dead`'s (``shrink``'s attempts); its own rank declared dead, on the minority side,
+or left behind by an incident the others finished fences the rank (``on_fence``). `Watcher.report` opens the
+current incident (a failure, or a probe when a wait lasts) and returns its verdict. Nothing runs on a healthy step:
+the thread is blocked in one ``wait`` that never times out (torch logs every store wait that does). Its world
+(`hypergrid.agreement.world.World`) starts it when the rank joins the world's watch and ends it (`Watcher.halt`).
+See docs/design/rollcall.md.
 """
 
 from __future__ import annotations
@@ -35,6 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch.distributed as dist
+
 from hypergrid.agreement import diagnosis
 from hypergrid.agreement.liveness import (
     END,
@@ -43,18 +34,21 @@ from hypergrid.agreement.liveness import (
     Incident,
     Verdict,
     bound_s,
+    done_key,
     end_text,
     ended_key,
     incident_prefix,
+    members_key,
+    record_member,
     wake_key,
 )
-from hypergrid.binding import alarm
+from hypergrid.binding.alarm import Job, is_store_loss
 
 __all__ = ["Verdict", "Watcher", "watching_enabled"]
 
 LOGGER = logging.getLogger("hypergrid")
 
-#: How long one ``wait`` of the watcher lasts (a week: in practice, until the key is written).
+#: How long one ``wait`` of the watcher lasts (a week: it never times out in practice; torch would log it).
 SLICE_S = 7 * 24 * 3600.0
 #: How long past the roll call's bound a reporter waits for its watcher's verdict.
 _GRACE_S = 2.0
@@ -79,9 +73,10 @@ class Watcher:
         world: the world's epoch number (0: the job's first world).
         rank: this rank in that world.
         size: the world's size.
+        on_fence: what fencing this rank does (its world's: the alarm's fence, then its groups severed).
+        job: the job the world belongs to (a store loss the thread meets is the job's).
+        first: the incident to wait on first (a rank that joins a watched world: the one after its ``done``).
         liveness_s: how long live ranks have to answer (default: ``HYPERGRID_LIVENESS_S``, 0.5 s).
-        slice_s: how long one ``wait`` lasts before the stop flag is looked at again.
-        on_fence: what fencing this rank does (default: `hypergrid.binding.alarm.fence`, for the whole process).
     """
 
     def __init__(
@@ -91,9 +86,11 @@ class Watcher:
         world: int,
         rank: int,
         size: int,
+        *,
+        on_fence: Callable[[str], None] = lambda reason: None,
+        job: Job | None = None,
+        first: int = 0,
         liveness_s: float | None = None,
-        slice_s: float = SLICE_S,
-        on_fence: Callable[[str], None] = alarm.fence,
     ) -> None:
         self.store = store
         self.side = side
@@ -102,9 +99,10 @@ class Watcher:
         self.expected: list[int] = list(range(size))
         self.dead: list[int] = []
         self.liveness_s = liveness_s
-        self.slice_s = slice_s
         self.on_fence = on_fence
-        self.number = 0  # the incident the thread waits on (or is handling)
+        self.job = job
+        self.number = first  # the incident the thread waits on (or is handling)
+        self.joined = False  # whether this rank is listed in the world's watch (`start`)
         self._answered = -1  # the last incident it answered (a report never writes into one it did)
         self.end_dead: tuple[int, ...] | None = None  # the dead the world's end named, once read
         self.verdicts: dict[int, Verdict] = {}
@@ -119,7 +117,16 @@ class Watcher:
     # -- life ------------------------------------------------------------------
 
     def start(self) -> Watcher:
+        """Start the thread, then list this rank in the world's watch (`record_member`): from now on a roll call
+        that it does not answer names it dead (before, it is *late*)."""
         self._thread.start()
+        record_member(self.side, self.world, self.rank, joined=True)
+        self.joined = True  # (from now on the world's watch lists it: its absence means the world ended)
+        done = diagnosis.read(self.side, done_key(self.world))  # an incident that closed since `first` was read
+        with self._changed:  # (it called this rank absent): the thread moves past it
+            if done is not None and int(done) >= self.number and self._answered < 0:
+                stale, self.number = self.number, int(done) + 1
+                diagnosis.read(self.side, wake_key(self.world, stale, self.rank))  # wakes it where it waits
         return self
 
     def stop(self) -> str:
@@ -150,12 +157,15 @@ class Watcher:
             self.join(min(0.1, max(deadline - time.monotonic(), 0.0)))
         return True
 
-    def join(self, timeout_s: float) -> bool:
-        """Wait until the (stopped) thread ended; whether it did within ``timeout_s``.
+    def forget(self) -> None:
+        """The thread ended: drop its connections and callbacks (no cycle through them keeps a socket open)."""
+        with self._changed:
+            self.store = self.side = None
+            self._callbacks, self._on_dead = [], []
 
-        A thread whose store wait ends while the interpreter finalizes wakes into a torch frame that cannot unwind
-        (``std::terminate``): a rank that leaves a world with the others (``shrink``) waits here for the world's end.
-        """
+    def join(self, timeout_s: float) -> bool:
+        """Wait until the (stopped) thread ended; whether it did within ``timeout_s`` (a thread whose store wait ends
+        while the interpreter finalizes wakes into a torch frame that cannot unwind: ``std::terminate``)."""
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
@@ -165,7 +175,7 @@ class Watcher:
             return
         self.stop()
         with contextlib.suppress(RuntimeError):  # the store is gone already: the job is over
-            Incident(self.side, incident_prefix(self.world, 0), self.rank, self.expected).leave()
+            record_member(self.side, self.world, self.rank, joined=False, dead=len(self.dead))
 
     def end_world(self, dead: Sequence[int], size: int) -> None:
         """This rank's world of ``size`` ranks ended (``shrink`` moved its live ranks on, ``dead`` left behind).
@@ -227,9 +237,7 @@ class Watcher:
     def _run(self) -> None:
         try:
             while not self.stopped:
-                # The next incident's wake key: a call written before this wait has set it already (the wait
-                # returns), so none is missed; `_handle` moves ``number`` on under the lock `stop` reads it under.
-                wake = wake_key(self.world, self.number, self.rank)
+                wake = wake_key(self.world, self.number, self.rank)  # (set by a call written before the wait: kept)
                 if not self._sleep(wake):
                     continue
                 if self.stopped:  # a close's wake (`halt`), or this rank's own call (`depart`: it is dead)
@@ -239,42 +247,37 @@ class Watcher:
         except RuntimeError as error:  # the store is gone: the job is over (or this rank is cut off)
             if self.stopped:
                 return
-            if alarm.is_store_loss(error):  # every grid wait of this rank ends with StoreLostError
-                alarm.lose_store(error)
+            if is_store_loss(error) and self.job is not None:  # every grid wait of this rank ends with StoreLostError
+                self.job.lose_store(error)
             else:  # never expected, so said aloud: its rank no longer answers roll calls, the others find it dead
                 LOGGER.warning("hypergrid watcher of world %s rank %s stops on %r", self.world, self.rank, error)
 
     def _sleep(self, wake: str) -> bool:
-        """One blocking wait on the wake key: whether it was written (False: the slice ended first)."""
-        try:
-            self.store.wait([wake], datetime.timedelta(seconds=self.slice_s))
-        except RuntimeError as error:  # the slice ended ("wait timeout"); any other error ends the thread (`_run`)
-            if alarm.is_store_loss(error) or "timeout" not in str(error):
-                raise
-            return False
-        return True
+        """One blocking wait on the wake key: False where the slice ended first (any other error ends the thread)."""
+        with contextlib.suppress(dist.DistStoreError):
+            self.store.wait([wake], datetime.timedelta(seconds=SLICE_S))
+            return True
+        return False
 
     def _left_behind(self, store: Any) -> bool:
-        """Whether the world's end names this rank (`ended_key`): it fences it then. One read."""
+        """Whether the others went on without this rank: the world's end names it (`ended_key`), or the world's
+        watch is gone although this rank is in it (`members_key`: deleted once the world ended, or once every live
+        member left; this rank never left, so it was named dead). It fences it then. One read, one check."""
         data = diagnosis.read(store, ended_key(self.world))
-        if data is None or self.rank not in json.loads(data):
+        named = data is not None and self.rank in json.loads(data)
+        if not named and not (self.joined and not store.check([members_key(self.world)])):
             return False
         self._fence(f"world {self.world} ended without this rank (the others shrank while it was stopped or cut off)")
         return True
 
     def excluded(self) -> bool:
-        """Whether the others ended this world without this rank (it is fenced then); one store read.
-
-        What `hypergrid.binding.alarm` asks once the world failed, before it raises ``RankFailure``: a rank stopped
-        through the others' whole shrink gets ``FencedError`` on its first call after it resumes.
-        """
+        """Whether the others went on without this rank (it is fenced then): what the world's alarm asks once the
+        world failed, so that a rank stopped through the others' whole shrink raises ``FencedError`` at once."""
         return self.fenced or self._left_behind(self.side)
 
     def depart(self, text: str) -> None:
-        """This rank's process ends on an error: stop answering, then call a roll call that finds it gone.
-
-        The others' waits end with ``RankFailure`` naming this rank, instead of waiting for a rank that left without
-        saying so (a worker that raised under ``hypergrid.run``): its watcher no longer answers."""
+        """This rank's process ends on an error: stop answering, then call a roll call that finds it gone (the
+        others' waits end with ``RankFailure`` naming it, instead of waiting for it)."""
         with self._changed:
             if self.stopped or self.fenced:
                 return
@@ -291,7 +294,7 @@ class Watcher:
         """Answer one incident and act on its verdict; False once this rank is out (fenced) or the world ended."""
         seen = time.monotonic()
         incident = Incident(self.store, prefix, self.rank, list(self.expected))
-        incident.stop = lambda: self.stopped
+        incident.stop, incident.waker = (lambda: self.stopped), self.side
         call = incident.answer()
         if call is None:  # stopped (a close's wake), the world's end names it (fenced there), a neighbour's close,
             if self.stopped or self._left_behind(self.store):  # or the others finished this incident without it
@@ -351,14 +354,10 @@ class Watcher:
     # -- reporting ----------------------------------------------------------------
 
     def report(self, kind: str, text: str) -> Verdict | None:
-        """Call a roll call now (``"failure"`` or ``"probe"``); its verdict, with every rank found dead so far.
-
-        The incident the watcher waits on is called (or joined, if another rank called it first); a failure that
-        meets another rank's probe which failed nothing calls the next one. The verdict's ``dead`` holds every rank
-        of the world found dead up to it. None when no verdict came in time (the watcher stopped, or this rank was
-        fenced: `hypergrid.binding.alarm` says which). A world that ended without this rank is never called again:
-        the rank is fenced instead.
-        """
+        """Call a roll call now (``"failure"`` or ``"probe"``): the incident the watcher waits on (or joined, if
+        another rank called it first; a failure that meets a probe which failed nothing calls the next one). Its
+        verdict, ``dead`` holding every rank found dead so far; None when none came in time (stopped, fenced). A
+        world that ended without this rank is never called again: the rank is fenced instead."""
         if self.fenced or self.stopped or self._left_behind(self.side):
             return None
         while True:

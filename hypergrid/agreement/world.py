@@ -1,257 +1,375 @@
-"""One object per world: the rank's watcher, its one store connection, and an explicit close.
+"""One `World` per world, held by every grid on it: its watcher, its alarm, its keys, and a lifecycle.
 
 A *world* is one default process group: the job's first, or one that
-``shrink`` formed (its epoch number). `World` owns everything this rank keeps
-for it: the watcher thread (`hypergrid.agreement.watcher`), the one extra
-store connection the watcher blocks on, and a second connection opened only
-when a thread other than the main one must call the store while the main
-thread is blocked on its own (a prober during a slow barrier).
+``shrink`` formed (its number: the epoch). `World` owns what this rank keeps
+for it: its `hypergrid.binding.alarm.Alarm` (failure news, the fence, the
+waits to end), the watcher thread (`hypergrid.agreement.watcher`), the one
+extra store connection the watcher blocks on, a second one opened only when a
+thread other than the main one must call the store while the main thread is
+blocked on its own, and the guard's bookkeeping of its rounds. What every
+world of one job shares (the store, its loss, works given up on) is the
+world's `hypergrid.binding.alarm.Job`, handed from a world to its successor.
 
-A world closes at the first of (not when its last grid is destroyed: a
-destroy-and-create loop, as Megatron's tests run, would then pay a thread and
-a connection per cycle, and an idle watcher costs nothing):
+**Lifecycle.** A grid gets its world when it is built on an initialized world
+(or, built before, at its first call that needs one): `World.current` is the
+one place a world is looked up. The first grid to hold a world *joins* it: its
+watcher starts and the rank is listed in the world's watch
+(`hypergrid.agreement.liveness.record_member`); until a rank joined, the
+others' roll calls call it *late*, never dead. The world then is:
 
-- ``torch.distributed.destroy_process_group()`` (its default group is
-  released: `World` holds a ``weakref.finalize`` on it);
-- interpreter exit (an ``atexit`` handler, which runs before torch tears its
-  store down); on an uncaught error the rank does not leave but departs
-  (`hypergrid.agreement.watcher.Watcher.depart`): the others find it gone at once;
-- ``shrink``: the survivors' new world takes the watcher's connection over
-  (`World.take_over`), so recovery opens no connection on its critical path.
-
-Closing says the rank left normally (it is not dead), wakes the watcher with
-a read of its block's wake key (`hypergrid.agreement.liveness.wake_key`: the
-key's waiters wake and nothing is written; the block's at most 7 other
-watchers look for a call and wait again) and joins the thread, so no hypergrid
-thread is blocked in the store when the process exits: a thread that returns from torch's store client while
-the interpreter finalizes ends the process with ``std::terminate``.
-
-The registry of worlds (``WORLDS``, ``hypergrid.binding.worldstate``) holds
-the world of the live default group on this rank in its `WorldState`.
+- *open*: its grids work;
+- *replaced*: a ``shrink`` formed its successor (`World.replace`): every call
+  of a grid still on it raises ``GridReplacedError`` at once, and nothing it
+  does reaches the new world (its alarm, roll calls and keys are its own);
+- *closed*: at its last grid's ``destroy()``, at
+  ``torch.distributed.destroy_process_group()`` or at interpreter exit, the
+  first of them. The rank leaves the watch (not dead), its watcher is woken
+  and joined, so no hypergrid thread is blocked in the store when the process
+  exits. A grid whose world closed gets the current one at its next call.
 
 Examples:
     >>> import torch.distributed as dist
+    >>> from hypergrid.binding.alarm import Job
     >>> store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    >>> world = World(0, 0, 2, store)
-    >>> world.watcher is None, world.closed
-    (True, False)
-    >>> world.close(); world.closed
-    True
+    >>> world = World(0, 0, 2, Job(store))
+    >>> world.watcher is None, world.state
+    (True, 'open')
+    >>> world.close(); world.state
+    'closed'
 """
 
 from __future__ import annotations
 
 import atexit
 import gc
+import multiprocessing.util
 import sys
 import threading
+import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
+from hypergrid.agreement import diagnosis
+from hypergrid.agreement.connections import CallStore, Within
+from hypergrid.agreement.liveness import done_key, members_key
+from hypergrid.agreement.rollkeys import member_status
 from hypergrid.agreement.watcher import Verdict, Watcher, watching_enabled
-from hypergrid.binding import alarm
-from hypergrid.binding.failures import abort_world_groups
-from hypergrid.binding.reform import current_epoch
-from hypergrid.binding.worldstate import WORLDS
+from hypergrid.binding.alarm import Alarm, Job
+from hypergrid.binding.failures import sever_torch_groups
+from hypergrid.errors import GridReplacedError, NotInitializedError
+from hypergrid.launch import sockets
 
-__all__ = ["WORLDS", "World", "adopt", "close_all", "current_watcher", "current_world", "ensure_watching", "register"]
+__all__ = ["CLOSED", "OPEN", "REPLACED", "World"]
 
 #: How long `World.close` waits for the woken watcher thread to end.
 JOIN_S = 5.0
+#: How long a process that hosts the job's store (rank 0 under a plain ``env://``) waits at its exit for the other
+#: ranks to leave the world (`World.linger`): its store dies with it, under their watchers.
+HOST_EXIT_S = 30.0
+#: How often it looks.
+HOST_POLL_S = 0.05
+#: A world's states (`World.state`).
+OPEN, REPLACED, CLOSED = "open", "replaced", "closed"
 
 
-class CallStore:
-    """The store a short call uses: the rank's own connection on the main thread, else one opened on first need.
+class _Registry:
+    """The one process-wide pointer: torch's default group -> its `World` (weakly: an entry dies with its group)."""
 
-    The main thread's connection (torch's default store) is free whenever the
-    main thread itself calls; a thread that calls while the main thread may be
-    blocked on it (a prober in a slow barrier) gets a connection of its own,
-    opened once and kept until the world closes.
-    """
-
-    def __init__(self, base: Any) -> None:
-        self.base = base
-        self._own: Any = None
-        self._lock = threading.Lock()
-
-    def connection(self) -> Any:
-        if threading.current_thread() is threading.main_thread():
-            return self.base
-        with self._lock:
-            if self._own is None:
-                self._own = self.base.clone()
-            return self._own
-
-    def close(self) -> None:
-        with self._lock:
-            self._own = None  # torch closes the socket with the object
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.connection(), name)
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.worlds: weakref.WeakKeyDictionary[Any, World] = weakref.WeakKeyDictionary()
 
 
-class Within:
-    """`CallStore`'s connections seen under a key prefix (the default group's store of a re-formed world).
-
-    ``namespace`` None: the connections as they are.
-    """
-
-    def __init__(self, calls: CallStore, namespace: str | None) -> None:
-        self.calls = calls
-        self.namespace = namespace
-
-    def __getattr__(self, name: str) -> Any:
-        connection = self.calls.connection()
-        store = connection if self.namespace is None else dist.PrefixStore(self.namespace, connection)  # type: ignore[attr-defined]
-        return getattr(store, name)
+_WORLDS = _Registry()
 
 
 class World:
-    """This rank's part in one world: its watcher, the watcher's connection, and `close`.
+    """This rank's part in one world (see the module's docstring).
 
     Args:
         number: the world's epoch (0: the job's first world).
         rank: this rank in it.
         size: the world's size.
-        base_store: the store of the job's first world (every epoch's keys live there).
-        link: a connection to ``base_store`` for the watcher, handed over from the previous world.
-        namespace: where the world's default group keeps its keys in ``base_store`` (None: at its root;
-            `hypergrid.binding.reform.Epoch.namespace`).
+        job: what every world of the job shares (its ``base_store``: where every epoch's keys live).
+        namespace: where the world's default group keeps its keys in ``base_store`` (None: at its root).
+        group: the world's default group (None: a world without one, as in a test).
     """
 
     def __init__(
-        self, number: int, rank: int, size: int, base_store: Any, link: Any = None, namespace: str | None = None
+        self, number: int, rank: int, size: int, job: Job, namespace: str | None = None, group: Any = None
     ) -> None:
         self.number = number
         self.rank = rank
         self.size = size
-        self.base_store = base_store
-        self.calls = CallStore(base_store)
+        self.job = job
+        self.namespace = namespace
+        self.alarm = Alarm(job)
+        self.alarm.sever = self._sever
+        self.state = OPEN
+        self.successor: World | None = None  # the world a shrink formed after it (None: this rank was retired)
+        self.watcher: Watcher | None = None
+        self.calls = CallStore(job.base_store)
         #: The default group's store (torch's ``_get_default_store()``) for a thread other than the main one: what
         #: ends a guard round's or a commit's wait is written through it while the main thread blocks there.
         self.default_calls = Within(self.calls, namespace)
-        self.watcher: Watcher | None = None
-        self.closed = False
-        self.reforming = False  # set by shrink: the default group's teardown does not close this world
-        self._link = link
+        self.guard_leftovers: dict[str, list[str]] = {}  # the guard: scope family -> its failed rounds' prefixes
+        self.guard_last_commits: dict[str, str] = {}  # the guard: scope family -> its last passed commit's prefix
+        self.local_names: dict[tuple[tuple[int, ...], int], str] = {}  # creation: members-only groups' names
+        self.reforming = False  # a shrink tears its default group down: that does not close it
+        self._group = None if group is None else weakref.ref(group)
+        self._holders: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._joined = False
+        self._link: Any = None
+        self._lock = threading.RLock()
+        if group is not None:
+            weakref.finalize(group, self._released)
+        self._cancel_exit = _on_exit(self._at_exit)
 
-    def start_watching(self) -> Watcher | None:
-        """Start this rank's watcher (once); None where none can run (one rank, ``HYPERGRID_WATCH=0``, no clone)."""
-        if self.watcher is not None or self.closed:
-            return self.watcher
-        if self.size < 2 or not watching_enabled():
-            return None
+    @property
+    def base_store(self) -> Any:
+        """The store every world of the job is made on."""
+        return self.job.base_store
+
+    # -- where a grid gets its world ------------------------------------------------
+
+    @classmethod
+    def current(cls) -> World:
+        """The world of torch's current default group: the open one, made (or reopened) on first need.
+
+        Raises:
+            NotInitializedError: torch.distributed is not initialized.
+        """
+        if not (dist.is_available() and dist.is_initialized()):
+            raise NotInitializedError(
+                "a grid's communication needs torch.distributed to be initialized: call "
+                "torch.distributed.init_process_group first"
+            )
+        group = dist.group.WORLD
+        with _WORLDS.lock:
+            world = _WORLDS.worlds.get(group)
+            if world is None or world.state != OPEN:
+                if world is None:
+                    world = World(0, dist.get_rank(), dist.get_world_size(), Job(c10d._get_default_store()))
+                else:
+                    world = world.reopened()
+                world.bind(group)
+            return world
+
+    def reopened(self) -> World:
+        """This closed world, open again (its grids were destroyed, then a grid was built on its default group): the
+        same number, job and namespace, and the bookkeeping that follows torch's default group (the names of the
+        members-only groups this rank created, the guard's rounds), which a new grid must not repeat."""
+        world = World(self.number, self.rank, self.size, self.job, self.namespace)
+        world.local_names, world.guard_leftovers = self.local_names, self.guard_leftovers
+        world.guard_last_commits = self.guard_last_commits
+        return world
+
+    def bind(self, group: Any) -> None:
+        """Make this the world of ``group`` (torch's default group now): `current` finds it from now on."""
+        self._group = weakref.ref(group)
+        weakref.finalize(group, self._released)
+        with _WORLDS.lock:
+            _WORLDS.worlds[group] = self
+
+    def is_current(self) -> bool:
+        """Whether this world's default group is torch's default group now."""
+        group = None if self._group is None else self._group()
+        return group is not None and dist.is_initialized() and dist.group.WORLD is group
+
+    # -- holding and joining ------------------------------------------------------
+
+    def hold(self, holder: Any, join: bool = True) -> None:
+        """``holder`` (a root grid) uses this world: with ``join``, this rank joins its watch (once)."""
+        with self._lock:
+            self._holders.add(holder)
+        if join:
+            self.join()
+
+    def join(self) -> None:
+        """Join the world's watch (once): this rank answers its roll calls from now on, and is never *late* again."""
+        with self._lock:
+            if self._joined or self.state != OPEN:
+                return
+            self._joined = True
+            self._join()
+
+    def release(self, holder: Any, close: bool = True) -> None:
+        """``holder`` is done with this world (its grid's ``destroy()``): the last one closes it (``close``)."""
+        with self._lock:
+            self._holders.discard(holder)
+            last = not self._holders
+        if close and last and self.state == OPEN:
+            self.close()
+
+    def _join(self) -> None:
+        """Start the watcher and list this rank in the world's watch (nothing for one rank or torch's fake)."""
+        if self.size < 2 or not watching_enabled() or dist.get_backend() == "fake":
+            return
+        if self._link is None:
+            self._link, self.job.idle_link = self.job.idle_link, None  # a closed world's: no new connection
         if self._link is None:
             try:
                 self._link = self.base_store.clone()
             except (RuntimeError, AttributeError):  # a store that cannot open a second connection (torch's FakeStore)
-                return None
-        self.watcher = Watcher(self._link, self.calls, self.number, self.rank, self.size, on_fence=_fenced).start()
-        return self.watcher
+                return
+        with self.job.store_calls("joining the world's watch"):
+            done = diagnosis.read(self.calls.connection(), done_key(self.number))
+            first = 0 if done is None else int(done) + 1  # a watched world: its next incident
+            watcher = Watcher(
+                self._link,
+                self.calls,
+                self.number,
+                self.rank,
+                self.size,
+                on_fence=self.fence,
+                job=self.job,
+                first=first,
+            ).start()
+        self.watcher = watcher
+        self.alarm.install(watcher.alarm_reporter, watcher.excluded)
+        watcher.on_failure(self._failed)
 
-    def hand_over(self) -> Any:
-        """The watcher's connection, for the next world (None if the thread still uses it); this world closes."""
+    def check(self, what: str) -> None:
+        """Refuse a call on a world a shrink replaced (``GridReplacedError``); the alarm says the rest."""
+        if self.state == REPLACED:
+            after = (
+                "this rank was retired by it"
+                if self.successor is None
+                else f"use the grid the shrink returned (world {self.successor.number})"
+            )
+            raise GridReplacedError(
+                f"{what}: this grid was replaced by a shrink (its world {self.number} ended); {after}, not this one"
+            )
+
+    # -- failure ------------------------------------------------------------------
+
+    def _sever(self) -> None:
+        """End every operation pending on this world's groups, while it is torch's world."""
+        if self.is_current():
+            sever_torch_groups()
+
+    def _failed(self, verdict: Verdict) -> None:
+        """The world failed: end every pending operation of this rank, then every wait."""
+        self._sever()
+        self.alarm.sound(verdict.dead, verdict.text)
+
+    def fence(self, reason: str) -> None:
+        """The others went on without this rank: every call raises ``FencedError``, and every wait ends.
+
+        The fence is recorded first (a wait that the severing ends finds the rank
+        fenced), then the groups' connections are severed: a point-to-point wait,
+        which nothing else wakes, would otherwise block until the group's timeout
+        when the rank resumed inside it (a SIGSTOP through the others' shrink).
+        """
+        self.alarm.fence(reason)
+        self._sever()
+
+    # -- succession and the end ---------------------------------------------------------
+
+    def successor_world(self, number: int, rank: int, size: int, namespace: str | None) -> World:
+        """World ``number``, which a shrink formed after this one (torch's default group now): it takes the
+        watcher's connection over once this world's watcher ended (`replace`), so recovery opens none."""
+        world = World(number, rank, size, self.job, namespace)
+        world.bind(dist.group.WORLD)
+        return world
+
+    def replace(self, successor: World | None) -> None:
+        """A shrink ended this world: ``successor`` (None: this rank was retired) takes the watcher's connection;
+        this world refuses every call from now on and closes without leaving (its end was read by every rank)."""
+        self.successor = successor
         link = self._link if self.watcher is None or self.watcher.join(0.0) else None
         self._link = None
         self.close(leave=False)
-        return link
-
-    def take_over(self, previous: World) -> None:
-        """Use ``previous``'s watcher connection from now on (``shrink`` formed this world after it); it closes."""
-        if self._link is None and self.watcher is None:
-            self._link = previous.hand_over()
-        else:
-            previous.close(leave=False)
+        self.state = REPLACED
+        if successor is not None and successor._link is None:
+            successor._link = link
 
     def close(self, leave: bool = True, error: str | None = None) -> None:
-        """End this rank's part: say it left normally (``leave``), wake the watcher alone and join it. Idempotent.
+        """End this rank's part: say it left (``leave``), wake the watcher alone and join it. Idempotent.
 
         ``error``: the process ends on this uncaught error: it did not leave normally, and the others are told at
         once (`Watcher.depart`: their roll call finds this rank gone).
         """
-        if self.closed:
-            return
-        self.closed = True
+        with self._lock:
+            if self.state != OPEN:
+                return
+            self.state = CLOSED
+        self._cancel_exit()
         watcher = self.watcher
-        if watcher is not None:
+        if watcher is not None and self.job.store_lost is not None:  # nothing to say: the store is gone
+            watcher.stop()
+            watcher.join(JOIN_S)  # (it met the loss: it has ended, or ends at once)
+        elif watcher is not None:
             if error is not None:
                 watcher.depart(error)
                 watcher.join(JOIN_S)  # the call woke it: it ends on its own
             elif leave:
                 watcher.leave()
-            watcher.halt(self.calls, JOIN_S)
+                if sockets.hosts(self.base_store):  # its store dies with this process: not under the others
+                    _on_exit(self.linger, tuple(watcher.dead))
+            if watcher.halt(self.calls, JOIN_S):
+                watcher.forget()
+                if self._link is not None and self.job.store_lost is None:  # (a successor took it over: None)
+                    self.job.idle_link, self._link = self._link, None  # the world reopened next watches with it
+        self.alarm.install(None)
+        self.alarm.retire()
         self._link = None
         self.calls.close()
 
+    def linger(self, dead: tuple[int, ...], bound_s: float = HOST_EXIT_S) -> bool:
+        """At the exit of the process that hosts the store: wait until every other rank of the world left its
+        watch (or was found dead), at most ``bound_s``, so that no rank's watcher sees the store die under it
+        (torch would print its connection errors). Whether they all left."""
+        deadline = time.monotonic() + bound_s
+        while time.monotonic() < deadline:
+            try:
+                status = member_status(diagnosis.read(self.base_store, members_key(self.number)))
+            except RuntimeError:  # the store is gone already
+                return False
+            if not [rank for rank, watching in status.items() if watching and rank not in dead]:
+                return True
+            time.sleep(HOST_POLL_S)
+        return False
 
-def _ensure_world() -> World | None:
-    """The current default group's world, made (its watcher started) on first use; None without a world."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    with WORLDS.lock:
-        found = current_world()
-        if found is not None:
-            return found
-        epoch = current_epoch()
-        world = World(epoch.number, dist.get_rank(), dist.get_world_size(), epoch.base_store, namespace=epoch.namespace)
-        if dist.get_backend() != "fake":
-            world.start_watching()
-        adopt(world)
-        return world
+    def _released(self) -> None:
+        """The world's default group was released (``destroy_process_group``, or a shrink's teardown)."""
+        if not self.reforming:
+            self.close()
 
+    def _at_exit(self) -> None:
+        """Interpreter exit: close, after collecting the garbage a failure left.
 
-def adopt(world: World) -> None:
-    """Make ``world`` the current default group's (its watcher answers, sounds the alarm, fences the rank)."""
-    register(world)
-    watcher = world.watcher
-    if watcher is None:
-        alarm.install(None)
-    else:
-        alarm.install(watcher.alarm_reporter, watcher.excluded)
-    if watcher is not None:
-        watcher.on_failure(_world_failed)
-
-
-def register(world: World) -> None:
-    """Hold ``world`` as the current default group's, until the group is released; the alarm is left as it is."""
-    group: Any = dist.group.WORLD
-    key = id(group)
-    with WORLDS.lock:
-        previous = WORLDS.live.get(key)
-        if previous is not None and previous is not world:
-            previous.close(leave=False)
-        WORLDS.live[key] = world
-        if not WORLDS.exit_registered:
-            WORLDS.exit_registered = True
-            atexit.register(close_all)
-    weakref.finalize(group, _released, key, world)
+        A failure leaves reference cycles (an exception's frames) that hold
+        torch's communication objects; destroyed during finalization, a gloo
+        work whose peer died can end the process with ``std::terminate``.
+        """
+        self.close(error=_uncaught())
+        gc.collect()
 
 
-def _released(key: int, world: World) -> None:
-    """The default group of ``world`` was released (``destroy_process_group``, or a shrink's teardown)."""
-    with WORLDS.lock:
-        if WORLDS.live.get(key) is world:
-            del WORLDS.live[key]
-    if not world.reforming:
-        world.close()
-        alarm.install(None)
+def _on_exit(function: Callable[..., object], *args: Any) -> Callable[[], None]:
+    """Run ``function(*args)`` once when the process ends: at interpreter exit (``atexit``), or at a
+    ``multiprocessing`` worker's end, which runs no ``atexit`` handler but its finalizers. The cancel."""
+    done = threading.Event()
 
+    def once() -> None:
+        if not done.is_set():
+            done.set()
+            function(*args)
 
-def close_all() -> None:
-    """Close every world (interpreter exit), after collecting the garbage a failure left.
+    atexit.register(once)
+    finalizer = multiprocessing.util.Finalize(None, once, exitpriority=100)
 
-    A failure leaves reference cycles (an exception's frames) that hold
-    torch's communication objects; destroyed during finalization, a gloo
-    work whose peer died can end the process with ``std::terminate``.
-    """
-    with WORLDS.lock:
-        worlds, WORLDS.live = list(WORLDS.live.values()), {}
-    error = _uncaught()
-    for world in worlds:
-        world.close(error=error)
-    gc.collect()
+    def cancel() -> None:
+        done.set()
+        atexit.unregister(once)
+        finalizer.cancel()
+
+    return cancel
 
 
 def _uncaught() -> str | None:
@@ -261,39 +379,3 @@ def _uncaught() -> str | None:
         return None
     said = str(error).strip().splitlines()
     return f"{type(error).__name__}: {said[0]}" if said else type(error).__name__
-
-
-def _fenced(reason: str) -> None:
-    """The others went on without this rank: every grid call raises ``FencedError``, and every wait ends.
-
-    The fence is recorded first (a wait that the severing ends finds the rank
-    fenced), then the groups' connections are severed: a point-to-point wait,
-    which nothing else wakes, would otherwise block until the group's timeout
-    when the rank resumed inside it (a SIGSTOP through the others' shrink).
-    """
-    alarm.fence(reason)
-    abort_world_groups()
-
-
-def _world_failed(verdict: Verdict) -> None:
-    """The current world failed: end every pending operation of this rank, then every grid wait."""
-    abort_world_groups()
-    alarm.sound(verdict.dead, verdict.text)
-
-
-def current_world() -> World | None:
-    """The current default group's world on this rank, if one was made."""
-    found: World | None = WORLDS.current()
-    return found
-
-
-def current_watcher() -> Watcher | None:
-    """The current world's watcher on this rank, if one runs."""
-    world = current_world()
-    return None if world is None else world.watcher
-
-
-def ensure_watching() -> Watcher | None:
-    """Start this rank's watcher for the current world, once; it, or None (see `_ensure_world`)."""
-    world = _ensure_world()
-    return None if world is None else world.watcher

@@ -26,12 +26,11 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.binding.options import unavailable_backend
-from hypergrid.binding.worldstate import WORLDS, held_group_count
 from hypergrid.errors import BackendError, CreationRefusedError, InvalidArgumentError
 from hypergrid.launch import sockets
 from hypergrid.values import first_line, shown
 
-__all__ = ["STRATEGIES", "check_strategy", "check_can_split", "check_creatable", "create_family"]
+__all__ = ["STRATEGIES", "check_strategy", "check_can_split", "check_creatable", "create_family", "held_group_count"]
 
 STRATEGIES = ("enumerate", "local", "split")
 
@@ -122,6 +121,7 @@ def create_family(
     options: dict[str, Any],
     bound_s: float | None = None,
     family: str = "",
+    local_names: dict[tuple[tuple[int, ...], int], str] | None = None,
 ) -> dist.ProcessGroup | None:
     """Create one family's groups with ``strategy``; return the caller's group or None.
 
@@ -130,7 +130,8 @@ def create_family(
     ``bound_s``: torch waits at most this long for the other members while it
     creates (a dead peer fails the creation instead of hanging it); the group
     then gets its own timeout (``options["timeout"]``, else torch's default) for
-    its collectives. ``family`` names the family in errors (default: its groups).
+    its collectives. ``family`` names the family in errors (default: its groups). ``local_names``: the world's
+    record of the members-only groups this rank created (``"local"``; see `_create`).
 
     Raises:
         BackendError: torch refused the backend because this machine's build
@@ -138,7 +139,7 @@ def create_family(
             it is built in is torch's to say, here): one line naming both.
     """
     try:
-        return _bounded(strategy, rank_enum, my_ranks, options, bound_s)
+        return _bounded(strategy, rank_enum, my_ranks, options, bound_s, {} if local_names is None else local_names)
     except (RuntimeError, AssertionError) as error:
         backend = options.get("backend")
         missing = unavailable_backend(backend)
@@ -159,15 +160,16 @@ def _bounded(
     my_ranks: list[int] | None,
     options: dict[str, Any],
     bound_s: float | None,
+    names: dict[tuple[tuple[int, ...], int], str],
 ) -> dist.ProcessGroup | None:
     before = sockets.snapshot()  # the connections this creation opens are the group's (severed if it aborts)
     if bound_s is None or dist.get_backend() == "fake":
-        group = _create(strategy, rank_enum, my_ranks, options)
+        group = _create(strategy, rank_enum, my_ranks, options, names)
     else:
         backend = options.get("backend") or dist.get_backend()
         operational = options.get("timeout") or c10d._get_default_timeout(backend)
         bounded = min(operational, datetime.timedelta(seconds=bound_s))
-        group = _create(strategy, rank_enum, my_ranks, {**options, "timeout": bounded})
+        group = _create(strategy, rank_enum, my_ranks, {**options, "timeout": bounded}, names)
         if (
             bounded != operational and isinstance(group, dist.ProcessGroup)  # NON_GROUP_MEMBER is no ProcessGroup
         ):
@@ -177,13 +179,26 @@ def _bounded(
     return group
 
 
+def held_group_count() -> int:
+    """How many process groups this rank holds, as torch counts them.
+
+    torch names a group created with ``use_local_synchronization=True`` from its
+    ranks *and* this count (``len(_world.pg_names)`` in torch 2.4 to 2.13), so members
+    that hold different numbers of groups would wait on different store keys.
+    """
+    return len(c10d._world.pg_names)
+
+
 def _create(
-    strategy: str, rank_enum: list[list[int]] | None, my_ranks: list[int] | None, options: dict[str, Any]
+    strategy: str,
+    rank_enum: list[list[int]] | None,
+    my_ranks: list[int] | None,
+    options: dict[str, Any],
+    used: dict[tuple[tuple[int, ...], int], str],
 ) -> dist.ProcessGroup | None:
     if strategy == "local":
         if my_ranks is None:
             return None
-        used = WORLDS.state().local_names
         identity = (tuple(my_ranks), held_group_count())
         if identity in used:
             raise CreationRefusedError(

@@ -7,7 +7,6 @@ A facet (one capability of ``HyperCommGrid``, made over its core ``hypergrid.gri
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch.distributed as dist
@@ -30,6 +29,7 @@ class FacetRegistry(Protocol):
     pool: Any  # hypergrid.grid.communicators.GroupPool
     spares_released: bool
     device_meshes: Any
+    world: Any  # hypergrid.agreement.world.World, or None
 
 
 class FacetCore(Protocol):
@@ -38,18 +38,20 @@ class FacetCore(Protocol):
     grid: Any  # the grid, a HyperCommGrid: its public members
     root: Any  # the root grid, a HyperCommGrid
     view_name: str
-    ordinal: int
+    ordinal: int | None
     epoch: int
     resync: int
     creations: int
     guard_ledger: Any  # hypergrid.agreement.guard.GuardLedger
-    create_families: Callable[..., dict[PgKey, dist.ProcessGroup | None]]
-    shared: Callable[..., tuple[Hashable, Any]]
-    keep: Callable[..., Any]
 
     @property
     def registry(self) -> FacetRegistry: ...
     def bind(self, root: Any, view_name: str) -> None: ...
+    def world_for(self, what: str) -> Any: ...  # the grid's World, checked (hypergrid.grid.core)
+    def checked(self, what: str) -> Any: ...
+    def ordinal_in(self, world: Any) -> int: ...
+    def count_creation(self) -> int: ...
+    def seen_epoch(self, epoch: int) -> None: ...
     def describe(self) -> str: ...
     def init_kwargs(self) -> dict[str, Any]: ...
     def family(self, dims: Dims, view: str | None) -> tuple[PgKey, GridLayout, Any]: ...
@@ -96,6 +98,10 @@ class Facet:
 
     def __init__(self, core: FacetCore) -> None:
         self._core = core
+
+    def _alarm(self, what: str) -> Any:
+        """The alarm (``hypergrid.binding.alarm.Alarm``) of the grid's world, for the call ``what`` (checked)."""
+        return self._core.world_for(what).alarm
 
     @property
     def layout(self) -> GridLayout:

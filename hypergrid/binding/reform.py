@@ -20,61 +20,36 @@ from __future__ import annotations
 
 import datetime
 import os
-import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from hypergrid.binding.alarm import Job
 from hypergrid.binding.failures import abort_groups
-from hypergrid.binding.worldstate import WORLDS
 from hypergrid.launch import sockets
 
 __all__ = [
-    "Epoch",
+    "Formed",
     "can_shrink",
-    "current_epoch",
+    "formed",
     "forget_keys",
     "forget_numbered",
     "numbered_keys",
     "world_keys",
     "reform_world",
-    "retire",
     "tear_down",
     "world_prefix",
 ]
 
-
-@dataclass
-class Epoch:
-    """The current world's number and the store every epoch's world is made on.
-
-    ``namespace``: where the world's default group keeps its keys in
-    ``base_store`` (torch's ``_get_default_store()`` is ``base_store`` under
-    this prefix), None where it is ``base_store`` itself (the job's first
-    world, or one shrunk in place).
-    """
-
-    number: int
-    base_store: Any
-    namespace: str | None = None
-
-
-def current_epoch() -> Epoch:
-    """The epoch of the current default group (0 and its own store for a world hypergrid did not re-form)."""
-    world = dist.group.WORLD
-    made = WORLDS.formed["world"]
-    if made is not None and made() is world and WORLDS.formed["epoch"] is not None:
-        epoch: Epoch = WORLDS.formed["epoch"]
-        return epoch
-    return Epoch(0, c10d._get_default_store())
+#: How a world was formed, for the one after it: its backend and its default group's timeout.
+Formed = tuple[str, datetime.timedelta]
 
 
 def _default_timeout() -> datetime.timedelta:
-    """The old default group's timeout (the new world keeps it); torch's default where it cannot be read."""
+    """The default group's timeout (the new world keeps it); torch's default where it cannot be read."""
     world: Any = dist.group.WORLD
     try:
         timeout = world._get_backend(world.bound_device_id or torch.device("cpu")).options._timeout
@@ -83,16 +58,20 @@ def _default_timeout() -> datetime.timedelta:
     return timeout if isinstance(timeout, datetime.timedelta) else datetime.timedelta(minutes=30)
 
 
-def tear_down() -> None:
+def formed() -> Formed:
+    """The current default group's backend and timeout (what a world formed after it keeps)."""
+    return dist.get_backend(), _default_timeout()
+
+
+def tear_down(job: Job | None) -> None:
     """Abort the default group (never waiting on a dead peer); torch forgets it and every other group.
 
-    The backend and timeout are remembered, for a world formed after it (`reform_world`). Nothing to
-    do where no world is initialized.
+    Nothing to do where no world is initialized. ``job``: where a group that cannot be severed waits for the
+    works a grid wait gave up on (`hypergrid.binding.failures.abort_groups`).
     """
     if not dist.is_initialized():
         return
-    WORLDS.formed["backend"], WORLDS.formed["timeout"] = dist.get_backend(), _default_timeout()
-    abort_groups([dist.group.WORLD])
+    abort_groups([dist.group.WORLD], job)
     if dist.is_initialized():  # abort_groups destroys the world where torch lets it
         dist.destroy_process_group()
 
@@ -110,35 +89,38 @@ def can_shrink() -> bool:
 
 
 def reform_world(
-    epoch: Epoch,
+    base_store: Any,
+    number: int,
+    namespace: str | None,
     rank: int,
     size: int,
+    how: Formed,
+    job: Job | None,
     timeout: datetime.timedelta | None,
     excluded: list[int] | None = None,
-    number: int | None = None,
     bound_s: float | None = None,
-) -> Epoch:
-    """Tear down the old world and join the new one of ``size`` ranks as ``rank``; return its epoch.
+) -> str | None:
+    """Tear down the old world and join world ``number`` of ``size`` ranks as ``rank``; the new world's namespace.
 
     Collective over the new world's ranks (each calls it with its new rank).
     ``RANK`` and ``WORLD_SIZE`` in the environment follow the new world where set.
-    ``excluded``: the old ranks left out, when the others keep their order;
-    then a backend that can shrink (`can_shrink`) shrinks the default group in
-    place instead of re-forming it. ``number``: the new world's epoch (default:
-    the next one). ``bound_s``: torch waits at most this long for the other
-    ranks while it forms the world (a death there fails it instead of hanging
-    it); the world then gets ``timeout`` (else the old world's) for its collectives.
+    ``how``: the old world's backend and timeout (`formed`, read before any teardown); ``job``: `tear_down`'s.
+    ``excluded``: the old ranks
+    left out, when the others keep their order; then a backend that can shrink (`can_shrink`) shrinks the default
+    group in place instead of re-forming it (``namespace``, the old world's, stays). ``bound_s``: torch waits at
+    most this long for the other ranks while it forms the world (a death there fails it instead of hanging it);
+    the world then gets ``timeout`` (else the old world's) for its collectives. The namespace returned is where
+    the world's default group keeps its keys in ``base_store`` (torch's ``_get_default_store()`` is
+    ``base_store`` under it).
     """
-    backend = dist.get_backend() if dist.is_initialized() else WORLDS.formed["backend"]
-    timeout = timeout or (_default_timeout() if dist.is_initialized() else WORLDS.formed["timeout"])
-    number = epoch.number + 1 if number is None else number
-    namespace = epoch.namespace
+    backend, old_timeout = how
+    timeout = timeout or old_timeout
     if excluded and dist.is_initialized() and can_shrink():
         dist.shrink_group(sorted(excluded), shrink_flags=c10d.SHRINK_ABORT)
     else:
-        tear_down()
+        tear_down(job)
         bounded = timeout if bound_s is None else min(timeout, datetime.timedelta(seconds=bound_s))
-        store = dist.PrefixStore(world_prefix(number), epoch.base_store)  # type: ignore[attr-defined]
+        store = dist.PrefixStore(world_prefix(number), base_store)  # type: ignore[attr-defined]
         before = sockets.snapshot()
         # torch names the default group from a counter (its keys in ``store`` go under that name) and counts it
         # before the rendezvous: a member whose last attempt failed inside init_process_group kept the count that a
@@ -155,9 +137,7 @@ def reform_world(
     for name, value in (("RANK", rank), ("WORLD_SIZE", size)):
         if name in os.environ:
             os.environ[name] = str(value)
-    new = Epoch(number, epoch.base_store, namespace)
-    WORLDS.formed["world"], WORLDS.formed["epoch"] = weakref.ref(dist.group.WORLD), new
-    return new
+    return namespace
 
 
 def world_prefix(number: int) -> str:
@@ -223,9 +203,3 @@ def forget_numbered(store: Any, prefix: str, up_to: int, part: str = "") -> int:
         (1, True)
     """
     return forget_keys(store, numbered_keys(store, prefix, up_to, part))
-
-
-def retire() -> None:
-    """Leave the world for good (a retired survivor): abort and destroy the default group."""
-    tear_down()
-    WORLDS.formed["world"], WORLDS.formed["epoch"] = None, None

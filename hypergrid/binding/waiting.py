@@ -26,8 +26,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from hypergrid.binding import alarm
-from hypergrid.binding.worldstate import WORLDS
+from hypergrid.binding.alarm import Alarm, Job
 from hypergrid.errors import HyperGridError
 
 __all__ = ["abandoned", "probe_after_s", "wait", "wait_all"]
@@ -48,10 +47,10 @@ def probe_after_s() -> float:
     return float(os.environ.get("HYPERGRID_PROBE_S", "30"))
 
 
-def wait(work: Any, what: str, stream: bool = False) -> None:
-    """Wait for torch's ``work``; return early with ``RankFailure`` if the world fails meanwhile.
+def wait(alarm: Alarm | None, work: Any, what: str, stream: bool = False) -> None:
+    """Wait for torch's ``work``; return early with ``RankFailure`` if ``alarm``'s world fails meanwhile.
 
-    Without a watcher (a world of one, the fake backend) it is ``work.wait()``.
+    Without a watcher (no alarm, a world of one, the fake backend) it is ``work.wait()``.
     With ``stream=True`` (tensors on an accelerator: NCCL) it is ``work.wait()``
     between two checks too: there ``wait`` only orders the current stream after
     the collective and never blocks the host, so waiting on the host for the
@@ -62,26 +61,29 @@ def wait(work: Any, what: str, stream: bool = False) -> None:
     connection) is waited on as `wait_all` says.
     torch's error, if the work failed, propagates as torch raised it.
     """
-    alarm.check(what)
-    if not alarm.watched() or stream:
+    if alarm is None or not alarm.watched() or stream:
+        if alarm is not None:
+            alarm.check(what)
         work.wait()
-        alarm.check(what)
+        if alarm is not None:
+            alarm.check(what)
         return
+    alarm.check(what)
     try:
         future = work.get_future()
     except RuntimeError:  # a work without a future: blocked on here, a lasting wait probed by the sentry
-        wait_all([work], what)
+        wait_all(alarm, [work], what)
         return
     woken = threading.Event()
     future.add_done_callback(lambda _: woken.set())
-    _listen(woken, what)
+    _listen(alarm, woken, what)
     if not future.done():
-        WORLDS.abandoned.append(work)  # torch still runs it: its group must outlive it (binding.failures.abort_groups)
+        alarm.job.abandoned.append(work)  # torch still runs it: its group must outlive it (failures.abort_groups)
         alarm.check(what)
     work.wait()
 
 
-def wait_all(works: Sequence[Any], what: str) -> None:
+def wait_all(alarm: Alarm | None, works: Sequence[Any], what: str) -> None:
     """Wait for every work of ``works`` (point-to-point ones, say) as `wait` does.
 
     A work without a future is waited on by this thread itself, in torch's
@@ -93,7 +95,8 @@ def wait_all(works: Sequence[Any], what: str) -> None:
     blocked wait raises then, and `hypergrid.binding.failures` turns torch's
     error into ``RankFailure`` naming the dead.
     """
-    alarm.check(what)
+    if alarm is not None:
+        alarm.check(what)
     plain = []
     for work in works:
         try:
@@ -101,19 +104,18 @@ def wait_all(works: Sequence[Any], what: str) -> None:
         except RuntimeError:
             plain.append(work)
             continue
-        wait(work, what)
+        wait(alarm, work, what)
     if not plain:
         return
-    if not alarm.watched():
+    if alarm is None or not alarm.watched():
         for work in plain:
             work.wait()
         return
-    state = WORLDS.state()
-    with WORLDS.alarm_lock:
-        if state.p2p_sentry is None:
-            state.p2p_sentry = _Sentry()
-            state.p2p_sentry.start()  # once it is the world's: its thread runs while it is
-        sentry: _Sentry = state.p2p_sentry
+    with alarm.job.lock:
+        if alarm.sentry is None:
+            alarm.sentry = _Sentry(alarm)
+            alarm.sentry.start()  # once it is the world's: its thread runs while the world is watched
+        sentry: _Sentry = alarm.sentry
     with sentry.watching(what):
         for work in plain:
             work.wait()
@@ -124,14 +126,15 @@ class _Sentry:
 
     One thread per world, started by the world's first wait without a future;
     it looks at the clock every quarter of `probe_after_s` (never on a healthy step's
-    path) and ends once its world is no longer the current one.
+    path) and ends once its world is no longer watched (closed).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, alarm: Alarm) -> None:
+        self.alarm = alarm
         self.current: list[Any] | None = None  # [what, started, next probe at, interval] of the wait in progress
 
     def start(self) -> None:
-        """Start the thread; it ends once this sentry is no longer its world's (`WorldState.p2p_sentry`)."""
+        """Start the thread; it ends once its world's alarm is no longer watched (`Alarm.watched`)."""
         threading.Thread(target=self._run, name="hypergrid-p2p-sentry", daemon=True).start()
 
     @contextlib.contextmanager
@@ -146,18 +149,18 @@ class _Sentry:
 
     def _run(self) -> None:
         tick = max(probe_after_s() / 4, 0.05)
-        while WORLDS.state().p2p_sentry is self:
+        while self.alarm.sentry is self and self.alarm.watched():
             time.sleep(tick)
             current = self.current
-            if current is None or time.monotonic() < current[2] or alarm.pending(current[0]) is not None:
+            if current is None or time.monotonic() < current[2] or self.alarm.pending(current[0]) is not None:
                 continue
             current[3] *= 2
             current[2] = time.monotonic() + current[3]
             with contextlib.suppress(HyperGridError, RuntimeError):  # the waiting thread meets the error itself
-                alarm.probe(current[0], f"{current[0]} waited {time.monotonic() - current[1]:.0f} s")
+                self.alarm.probe(current[0], f"{current[0]} waited {time.monotonic() - current[1]:.0f} s")
 
 
-def _listen(woken: threading.Event, what: str) -> None:
+def _listen(alarm: Alarm, woken: threading.Event, what: str) -> None:
     """Block until ``woken`` is set (the work ended) or the world fails; a wait that lasts asks for a roll call."""
     with alarm.waking(woken):
         waited, probe_after = 0.0, probe_after_s()
@@ -167,7 +170,7 @@ def _listen(woken: threading.Event, what: str) -> None:
             probe_after *= 2
 
 
-def abandoned() -> list[Any]:
-    """The works still running that a grid wait gave up on (completed ones are dropped here)."""
-    WORLDS.abandoned[:] = [work for work in WORLDS.abandoned if not work.is_completed()]
-    return list(WORLDS.abandoned)
+def abandoned(job: Job) -> list[Any]:
+    """The works still running that a grid wait of ``job`` gave up on (completed ones are dropped here)."""
+    job.abandoned[:] = [work for work in job.abandoned if not work.is_completed()]
+    return list(job.abandoned)

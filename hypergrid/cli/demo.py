@@ -66,12 +66,12 @@ def run_families(shape: Sequence[int], dim_names: Sequence[str]) -> list[dict[st
     device = default_device()
     reports = []
     for family in layout.all_families():
-        communicate("demo: barrier", dist.barrier)
+        communicate(None, "demo: barrier", dist.barrier)
         start = time.perf_counter()
         group = grid.create_pg(family)
         created = time.perf_counter()
         value = torch.tensor([rank], dtype=torch.int64, device=device)
-        communicate(f"demo: all_reduce over {layout.key(family)!r}", dist.all_reduce, value, group=group)
+        communicate(None, f"demo: all_reduce over {layout.key(family)!r}", dist.all_reduce, value, group=group)
         reduced = time.perf_counter()
         wrong = int(value.item() != sum(layout.group_ranks(family, rank)))
         # get_pg is a lookup in any order: reversed names must give the same object.
@@ -83,8 +83,8 @@ def run_families(shape: Sequence[int], dim_names: Sequence[str]) -> list[dict[st
         )
         totals = stats[:2].clone()
         slowest = stats[2:].clone()
-        communicate("demo: all_reduce of the checks", dist.all_reduce, totals)
-        communicate("demo: all_reduce of the times", dist.all_reduce, slowest, op=dist.ReduceOp.MAX)
+        communicate(None, "demo: all_reduce of the checks", dist.all_reduce, totals)
+        communicate(None, "demo: all_reduce of the times", dist.all_reduce, slowest, op=dist.ReduceOp.MAX)
         reports.append(
             FamilyReport(
                 key=layout.key(family),

@@ -31,7 +31,7 @@ from hypergrid.compat.megatron_layout import DEFAULT_ORDER, build_grids, positiv
 from hypergrid.compat.megatron_plan import Family, Plan, plan_fields
 from hypergrid.errors import GridSpecError, GroupNotFoundError, NotInitializedError, UnexpectedArgumentError
 from hypergrid.grid import HyperCommGrid
-from hypergrid.grid.core import grid_core
+from hypergrid.grid.core import family_index
 from hypergrid.grid.views import BASE_VIEW
 from hypergrid.validation import check_bool, check_instance, public
 from hypergrid.values import shown
@@ -210,8 +210,8 @@ def process_groups(
             f"process_groups(grid, ...) takes its layout from the grid; {sorted({*given, *grid_options})} belong "
             "to the one-call form process_groups(tp=..., pp=..., ...) without a grid"
         )
-    root = grid_core(grid).root
-    view = grid_core(expert).view_name if isinstance(expert, HyperCommGrid) else expert
+    root = family_index(grid).root
+    view = family_index(expert).view_name if isinstance(expert, HyperCommGrid) else expert
     # As plain ints: the request below is text, and ranks that pass 2 and numpy's 2 ask for the same.
     distributed_optimizer_instances = positive("distributed_optimizer_instances", distributed_optimizer_instances)
     if hierarchical_cp is not None:
@@ -221,7 +221,7 @@ def process_groups(
             )
         hierarchical_cp = [positive("hierarchical_cp", size) for size in hierarchical_cp]
     if view is not None:
-        grid_core(root).rank_view(view)  # ViewNotFoundError before anything is registered
+        family_index(root).rank_view(view)  # ViewNotFoundError before anything is registered
     plan = plan_fields(
         root, view, instances=distributed_optimizer_instances, hierarchical_cp=hierarchical_cp, all_gather=all_gather
     )
@@ -230,7 +230,7 @@ def process_groups(
         root.view(shape, names, shared, name=name)
     # Every batch carries the whole request as its groups' description, which the guard compares: ranks that
     # ask for different collections fail in the first round alike, not in a later batch or enumeration alone.
-    expert_layout = None if plan.expert is None else grid_core(root).rank_view(plan.expert)
+    expert_layout = None if plan.expert is None else family_index(root).rank_view(plan.expert)
     request = (
         f"megatron(expert={plan.expert!r} {expert_layout and (expert_layout.shape, expert_layout.dim_names)}, "
         f"distributed_optimizer_instances={distributed_optimizer_instances!r}, hierarchical_cp={hierarchical_cp!r}, "
@@ -288,16 +288,16 @@ def _create(root: HyperCommGrid, plan: Plan, request: str) -> dict[str, Any]:
     ``request`` describes the whole call: it is every batch's ``group_desc``.
     """
     wanted: dict[tuple[str | None, str | None], list[tuple[str, ...]]] = {}
-    core = grid_core(root)
+    index = family_index(root)
     every: list[tuple[Family, str | None]] = [(family, None) for family in plan.families.values()]
     every += [(family, None) for levels in plan.levels.values() for family in levels]
     every += [(family, AG_TAG) for family in plan.tagged.values()]
     for (view, dims), tag in every:
         batch = wanted.setdefault((view, tag), [])
-        if all(core.family_key(dims, view) != core.family_key(other, view) for other in batch):
+        if all(index.family_key(dims, view) != index.family_key(other, view) for other in batch):
             batch.append(dims)
     for (view, tag), batch in wanted.items():
-        missing = [dims for dims in batch if not core.is_created(dims, view, tag)]
+        missing = [dims for dims in batch if not index.is_created(dims, view, tag)]
         if missing:
             root.create_pgs(missing, view=view, tag=tag, group_desc=request)
 
@@ -335,7 +335,7 @@ def _embedding(root: HyperCommGrid, plan: Plan, values: dict[str, Any]) -> None:
 
 
 def _single(root: HyperCommGrid, family: Family) -> bool:
-    layout = grid_core(root).rank_view(BASE_VIEW if family[0] is None else family[0]).layout
+    layout = family_index(root).rank_view(BASE_VIEW if family[0] is None else family[0]).layout
     return layout.group_size(list(family[1])) == 1
 
 

@@ -37,7 +37,7 @@ from hypergrid.compat.megatron_fields import (
 from hypergrid.compat.megatron_layout import MEGATRON_DIMS, dense_and_expert, positive
 from hypergrid.errors import GridSpecError
 from hypergrid.grid import HyperCommGrid
-from hypergrid.grid.core import grid_core
+from hypergrid.grid.core import family_index
 from hypergrid.grid.views import BASE_VIEW
 from hypergrid.layout import GridLayout
 from hypergrid.layout.economy import PartitionSignature, partition_signature
@@ -87,7 +87,7 @@ class _Views:
     def spec(self, view: str | None) -> tuple[list[int], list[str]]:
         if view in self.plan.views:
             return self.plan.views[view]
-        registered = grid_core(self.root).rank_view(BASE_VIEW if view is None else view)
+        registered = family_index(self.root).rank_view(BASE_VIEW if view is None else view)
         return list(registered.shape), list(registered.dim_names)
 
     def size(self, view: str | None, dim: str | None) -> int:
@@ -287,7 +287,7 @@ def process_group_families(grid: HyperCommGrid, expert: str | None = None) -> di
     tables = [(None, DENSE_FAMILIES)] + ([(expert, EXPERT_FAMILIES)] if expert is not None else [])
     families: dict[str, tuple[str | None, list[str]]] = {}
     for view, table in tables:
-        names = grid_core(grid).rank_view(view).dim_names
+        names = family_index(grid).rank_view(view).dim_names
         for field_name, dims in table.items():
             found = present(names, dims)
             if found:

@@ -18,8 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hypergrid.agreement.guard import CreationRequest, GuardLedger, agree, grid_ordinal, grid_scope, settle
-from hypergrid.binding.failures import check_live
+from hypergrid.agreement.guard import CreationRequest, GuardLedger, agree, grid_scope, settle
 from hypergrid.errors import InvalidArgumentError, RankError
 from hypergrid.grid.grid import HyperCommGrid
 from hypergrid.layout import bridge_plan
@@ -146,7 +145,9 @@ class Bridge:
         self.participants = sorted(set(self._ranks[FORWARD][0]) | set(self._ranks[FORWARD][1]))
         self.guard = src.guard and dst.guard
         self.checked = src.check_collectives or dst.check_collectives
-        self._ordinal = grid_ordinal("bridge")
+        # Its ordinal among the bridges built on this rank's worlds (as a grid's: when built on a world, else at the
+        # first agreement)
+        self._ordinal = src._core.world_for("Bridge").job.ordinal("bridge") if dist.is_initialized() else None
         self._epoch = 0
         self._agreed = False
         self._ledger = GuardLedger()
@@ -227,7 +228,7 @@ class Bridge:
         The bridge holds no process group (its transfers run on the default
         group), so there is nothing else to release. Idempotent.
         """
-        self._ledger.release()
+        self._ledger.release(self.src._core.registry.world)
         if self._agreed:
             self._epoch += 1
         self._agreed = False
@@ -290,6 +291,9 @@ class Bridge:
         if self._agreed or not self.guard:
             self._agreed = True
             return
+        world = self.src._core.world_for(call)
+        if self._ordinal is None:
+            self._ordinal = world.job.ordinal("bridge")
         settings = (
             ("batch_dim", repr(self.batch_dim)),
             ("seq_dim", repr(self.seq_dim)),
@@ -304,9 +308,9 @@ class Bridge:
         scope = grid_scope("bridge", self._ordinal, self._epoch, 0, None)
         timeout = min(self.src.guard_timeout_s, self.dst.guard_timeout_s)
         started = time.monotonic()
-        if agree(request, self.participants, scope, timeout, self.src.guard_progress_s, self._ledger):
+        if agree(world, request, self.participants, scope, timeout, self.src.guard_progress_s, self._ledger):
             # The commit deletes the round's keys once every participant read the verdict (as a creation's does).
-            settle(f"{scope.prefix}/commit", self.participants, started, timeout, "the bridge", self._ledger)
+            settle(world, f"{scope.prefix}/commit", self.participants, started, timeout, "the bridge", self._ledger)
         self._agreed = True
 
     def _transfer(self, call: str, sends: dict[str, Any], recvs: set[str]) -> dict[str, torch.Tensor | None]:
@@ -317,7 +321,9 @@ class Bridge:
             if rank not in self._ranks[direction][side]:
                 grid, stage = ("src", "last") if (direction == FORWARD) == (side == 0) else ("dst", "first")
                 raise RankError(f"{call}: rank {rank} is not on the {stage} pipeline stage of {grid} in {self!r}")
-        check_live(call)
+        alarm = None if not dist.is_initialized() else self.src._core.world_for(call).alarm
+        if alarm is not None:
+            alarm.check(call)
         said: dict[str, Meta | Refusal] = {}
         own: InvalidArgumentError | None = None  # this sender's refusal: raised here once the others know of it
         for direction, tensor in sends.items():
@@ -333,7 +339,7 @@ class Bridge:
         ops, inbox = transfer.header_ops({d: self._ranks[d] for d in directions}, said, rank, device)
         first = self.checked or any(meta is None for meta in fixed.values())
         if first:  # the receivers need the shapes before they can post their receives: headers in a batch alone
-            run_p2p(ops, f"{call} (shape header) over {self!r}")
+            run_p2p(alarm, ops, f"{call} (shape header) over {self!r}")
             agreed, ops = transfer.verdict(f"{call} over {self!r}", rank, said, inbox, fixed, own), []
         else:  # a fixed shape: the headers ride with the data, and a refusing sender sends zeros in its place
             agreed = {d: meta for d, meta in fixed.items() if meta is not None}
@@ -358,7 +364,7 @@ class Bridge:
             ops += mine
             if received is not None:
                 placing.append((buffers, received))
-        run_p2p(ops, f"{call} over {self!r}")
+        run_p2p(alarm, ops, f"{call} over {self!r}")
         if not first:  # the headers that rode with the data: on a refusal, what came is dropped
             transfer.verdict(f"{call} over {self!r}", rank, said, inbox, fixed, own)
         for buffers, (target, origin) in placing:

@@ -75,6 +75,44 @@ class GroupPool:
         """Call ``listener(holders)`` on every ``release`` (the grid's DeviceMeshes forget what they held)."""
         self._release_listeners.append(listener)
 
+    def shared(
+        self,
+        layout: GridLayout,
+        dims: Sequence[str],
+        key: PgKey,
+        backend: str | None,
+        options: dict[str, Any],
+        tag: str | None,
+        share_groups: bool,
+    ) -> tuple[Hashable, PoolEntry | None]:
+        """The pool key of a family, and the entry of the group already made for it, if any.
+
+        With sharing off (``share_groups`` False), the pool key is the family's registry key: nothing shares.
+        """
+        partition = partition_signature(layout, list(dims)) if share_groups else key
+        # group_desc only labels a group: it takes no part in sharing.
+        sharing = share_key(partition, backend, describe_options(options, skip=("group_desc",)), tag)
+        return sharing, self.find(sharing)
+
+    def keep(
+        self,
+        sharing: Hashable,
+        shared: PoolEntry | None,
+        key: PgKey,
+        create: Callable[[], Any],
+        backend: str | None,
+        tag: str | None,
+        options: dict[str, Any],
+    ) -> Any:
+        """The shared group, now held by ``key`` too, or a new one from ``create()``, pooled."""
+        if shared is not None:
+            return self.hold(sharing, key).group
+        group = _without_communicator(sharing, backend, tag, options)
+        if group is _CREATE:
+            group = create()
+        self.add(sharing, group, key, backend=backend, tag=tag, options=describe_options(options))
+        return group
+
     def find(self, share_key: Hashable) -> PoolEntry | None:
         """The entry for ``share_key``, if a group was created for it."""
         return self._entries.get(share_key)
@@ -186,45 +224,7 @@ def _without_communicator(sharing: Hashable, backend: str | None, tag: str | Non
 
 
 class Communicators(Facet):
-    """The pool's sharing (guarded creation uses it through the core) and its report (a facet object)."""
-
-    def shared(
-        self,
-        layout: GridLayout,
-        dims: Sequence[str],
-        key: PgKey,
-        backend: str | None,
-        options: dict[str, Any],
-        tag: str | None,
-    ) -> tuple[Hashable, PoolEntry | None]:
-        """The pool key of a family, and the entry of the group already made for it, if any.
-
-        With sharing off, the pool key is the family's registry key: nothing shares.
-        """
-        partition = partition_signature(layout, list(dims)) if self._core.grid.share_groups else key
-        # group_desc only labels a group: it takes no part in sharing.
-        sharing = share_key(partition, backend, describe_options(options, skip=("group_desc",)), tag)
-        return sharing, self._core.registry.pool.find(sharing)
-
-    def keep(
-        self,
-        sharing: Hashable,
-        shared: PoolEntry | None,
-        key: PgKey,
-        create: Callable[[], Any],
-        backend: str | None,
-        tag: str | None,
-        options: dict[str, Any],
-    ) -> Any:
-        """The shared group, now held by ``key`` too, or a new one from ``create()``, pooled."""
-        pool = self._core.registry.pool
-        if shared is not None:
-            return pool.hold(sharing, key).group
-        group = _without_communicator(sharing, backend, tag, options)
-        if group is _CREATE:
-            group = create()
-        pool.add(sharing, group, key, backend=backend, tag=tag, options=describe_options(options))
-        return group
+    """The pool's report (a facet object)."""
 
     def communicators(self) -> list[dict[str, Any]]:
         """One entry per distinct process group this rank holds through the grid and its views.

@@ -1,28 +1,32 @@
-"""``GridCore``: the typed core of a grid, where all of its state lives.
+"""``GridCore``: the typed core of a grid, where all of its state lives, and the `World` it holds.
 
 A facet uses only what ``hypergrid.binding.facet.FacetCore`` declares of it (see docs/architecture.md); the
-adapters (``hypergrid.compat``) use ``grid_core(grid)``: ``root``, ``view_name``, ``rank_view``, ``family_key`` and
-``is_created``.
+adapters (``hypergrid.compat``) use the read-only `FamilyIndex` (`family_index`): ``root``, ``view_name``,
+``rank_view``, ``family_key`` and ``is_created``.
+
+A grid holds its world (``hypergrid.agreement.world.World``), shared with its views through the registry: it gets
+it when built on an initialized world, or at its first call that needs one (`GridCore.world_for`, the one place),
+and every call that communicates checks it there: a grid a shrink replaced refuses (``GridReplacedError``).
 
 Examples:
     >>> from hypergrid.grid import HyperCommGrid
-    >>> core = grid_core(HyperCommGrid([2, 2], ["tp", "dp"]))
-    >>> core.view_name, core.family_key(["dp", "tp"], None) == core.family_key("tp-dp", None)
+    >>> index = family_index(HyperCommGrid([2, 2], ["tp", "dp"]))
+    >>> index.view_name, index.family_key(["dp", "tp"], None) == index.family_key("tp-dp", None)
     ('base', True)
-    >>> core.rank_view(None).dim_names, core.is_created("tp", None, None), core.epoch
-    (['tp', 'dp'], False, 0)
+    >>> index.rank_view(None).dim_names, index.is_created("tp", None, None)
+    (['tp', 'dp'], False)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.agreement.guard import GuardLedger, grid_ordinal, guard_failures
-from hypergrid.binding import alarm
+from hypergrid.agreement.guard import GuardLedger
+from hypergrid.agreement.world import CLOSED, REPLACED, World
 from hypergrid.binding.options import check_tag
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, scoped, tagged, untagged
 from hypergrid.errors import (
@@ -32,14 +36,14 @@ from hypergrid.errors import (
     UnexpectedArgumentError,
     ViewNotFoundError,
 )
-from hypergrid.grid.communicators import Communicators, GroupPool
+from hypergrid.grid.communicators import GroupPool
 from hypergrid.grid.settings import describe, init_kwargs
 from hypergrid.layout import KEY_SEPARATOR, Dims, GridLayout
 from hypergrid.layout.hierarchy import node_size, resolve_scope
 from hypergrid.ops.checks import CallLedger
 from hypergrid.values import shown
 
-__all__ = ["BASE_VIEW", "GridCore", "RankView", "Registry", "check_fits", "grid_core"]
+__all__ = ["BASE_VIEW", "FamilyIndex", "GridCore", "RankView", "Registry", "check_fits", "family_index"]
 
 #: Name of the factorization a grid is constructed with (Megatron's name for it).
 BASE_VIEW = "base"
@@ -67,14 +71,11 @@ class Registry:
     pool: GroupPool = field(default_factory=GroupPool)  # groups shared by partition, backend, options, tag
     spares_released: bool = False  # release_spares ran: the spares are gone
     device_meshes: Any = None  # the DeviceMesh sources (gridmesh.MeshSources), made on the first export
+    world: World | None = None  # the world its groups are in, held by the root grid (None: none yet)
 
 
 class GridCore:
     """The state of one grid and the registry's operations on it (see the module docstring)."""
-
-    create_families: Callable[..., dict[PgKey, dist.ProcessGroup | None]]  # these three: bound by its FacetFront
-    successor: Callable[[Any], Any]  # to its grid's Elastic's: a shrink's successor grid, and its families again
-    recreate: Callable[[Sequence[Any], float], None]
 
     def __init__(self, grid: Any, layout: GridLayout) -> None:
         self.grid = grid
@@ -83,21 +84,73 @@ class GridCore:
         self.registry = Registry(
             {BASE_VIEW: RankView(BASE_VIEW, list(layout.shape), list(layout.dim_names), [], layout)}
         )
-        # Its ordinal among grids of its description built in this process, destroy() calls that ended an
-        # epoch, creations in this epoch; resync: see stale_epoch.
-        self.ordinal = grid_ordinal(self.describe())
-        self.epoch, self.resync, self.failures_seen, self.creations = 0, 0, guard_failures(), 0
+        # Its ordinal among grids of its description built on this rank's worlds (taken when it is built on an
+        # initialized world, else at its first creation: `ordinal_in`), destroy() calls that ended an epoch,
+        # creations in this epoch; resync: see stale_epoch.
+        self.ordinal: int | None = None
+        self.epoch, self.resync, self.failures_seen, self.creations = 0, 0, 0, 0
         # The guard rounds whose keys may still be in the store (destroy() deletes them), and the checked
         # collectives' call counts in this epoch (hypergrid.ops.checks; the root's is used).
         self.guard_ledger, self.call_ledger = GuardLedger(), CallLedger()
-        # What one facet does for another, bound: the pool's sharing (communicators) here, the rest above.
-        pool = Communicators(self)
-        self.shared: Callable[..., tuple[Hashable, Any]] = pool.shared
-        self.keep: Callable[..., Any] = pool.keep
+        if dist.is_available() and dist.is_initialized():  # built on a world: this rank joins its watch now
+            self.adopt(World.current())
+            self.ordinal_in(self.registry.world)  # type: ignore[arg-type]  # (adopted just now)
 
     def bind(self, root: Any, view_name: str) -> None:
-        """Make this the core of a grid bound to ``root``'s view ``view_name`` (``view()``): it shares its registry."""
+        """Make this the core of a grid bound to ``root``'s view ``view_name`` (``view()``): it shares its registry
+        (and the world its root holds)."""
+        world = self.registry.world
+        if world is not None:
+            world.release(self.grid, close=False)
+            if self.ordinal is not None:  # a view creates through its root: its ordinal is handed back
+                world.job.ordinal(self.describe(), forget=self.ordinal)
         self.root, self.view_name, self.registry = root, view_name, root._core.registry
+
+    # -- its world ----------------------------------------------------------------------
+
+    def adopt(self, world: World, join: bool = True) -> None:
+        """Hold ``world`` (the root grid does, for its views too) in place of the one held before, if any; with
+        ``join``, this rank joins its watch (a shrink's new world is joined once its commit passed)."""
+        held = self.registry.world
+        if held is world:
+            return
+        if held is not None:
+            held.release(self.root, close=False)
+        self.registry.world = world
+        world.hold(self.root, join)
+        self.failures_seen = world.job.guard_failures
+
+    def world_for(self, what: str) -> World:
+        """The grid's world for the call ``what``, checked: a world a shrink replaced refuses it.
+
+        Got on first need (`World.current`), and again once it closed (its grids destroyed, or torch's default
+        group). Raises ``NotInitializedError`` without torch.distributed, ``GridReplacedError`` on a replaced one.
+        """
+        world = self.registry.world
+        if world is None or world.state == CLOSED:
+            world = World.current()
+            self.adopt(world)
+        world.check(what)
+        return world
+
+    def checked(self, what: str) -> World | None:
+        """`world_for` where torch.distributed is initialized or a world is held; None offline (nothing to check).
+
+        A fenced rank raises ``FencedError`` here (its news does not count: the call may be a shrink).
+        """
+        if self.registry.world is None and not (dist.is_available() and dist.is_initialized()):
+            return None
+        world = self.world_for(what)
+        world.alarm.check_fence(what)
+        return world
+
+    def ordinal_in(self, world: World) -> int:
+        """The grid's ordinal (`hypergrid.agreement.guard`): taken from ``world``'s job now if not yet (a grid
+        built before torch.distributed was initialized: at its first creation, so a call refused meanwhile, or a
+        grid never used, changes nothing)."""
+        if self.ordinal is None:
+            self.ordinal = world.job.ordinal(self.describe())
+        return self.ordinal
 
     # -- what the grid is -------------------------------------------------------------
 
@@ -114,14 +167,43 @@ class GridCore:
         """
         return init_kwargs(self.root)
 
+    def count_creation(self) -> int:
+        """This creation's number in the grid's epoch (the guard's sequence); the next one's is one more."""
+        self.creations += 1
+        return self.creations - 1
+
+    def seen_epoch(self, epoch: int) -> None:
+        """A guard error showed a rank in ``epoch``: ``destroy()`` starts the epoch after it (`stale_epoch`)."""
+        self.resync = max(self.resync, epoch)
+
     def stale_epoch(self) -> bool:
         """Whether a guard round failed in this process (on any grid) since this grid's epoch began; now noted.
 
         ``resync`` is the latest epoch another rank was seen in, by a guard
         error on this grid: ``destroy()`` starts the epoch after it.
         """
-        seen, self.failures_seen = self.failures_seen, guard_failures()
+        world = self.registry.world
+        if world is None:
+            return False
+        seen, self.failures_seen = self.failures_seen, world.job.guard_failures
         return seen < self.failures_seen
+
+    def drop_families(self) -> None:
+        """``destroy()``'s part on the groups: release this grid's families, destroy the groups nothing holds.
+
+        On the root grid it also ends the guard's epoch (see ``destroy``) and counts this rank out of the guard's
+        leftover rounds (`GuardLedger.release`).
+        """
+        world = self.registry.world
+        self.guard_ledger.release(world if world is not None and world.state != REPLACED else None)
+        mine = self.view_keys(own_only=True)
+        freed = self.registry.pool.release_registry(self.registry.groups, mine)
+        if self.root is self.grid and (self.stale_epoch() or self.creations or mine):
+            self.epoch, self.creations = max(self.epoch, self.resync) + 1, 0
+        for group in freed:
+            # torch no longer knows this group (destroyed elsewhere), or it is no group of this world.
+            with contextlib.suppress(ValueError, RuntimeError):
+                dist.destroy_process_group(group)
 
     # -- registry keys --------------------------------------------------------
 
@@ -157,7 +239,7 @@ class GridCore:
     def key(self, dims: Dims, view: str | None, tag: str | None, within: object, across: object) -> PgKey:
         """The registry key of a family (or of one half of its hierarchy), with ``tag``; never on a fenced rank."""
         family, checked = self.family(dims, view)[0], check_tag(tag)  # argument errors first
-        alarm.check_fence("pg" if checked is None else f"pg(tag={checked!r})")
+        self.checked("pg" if checked is None else f"pg(tag={checked!r})")
         return tagged(scoped(family, resolve_scope(within, across)), checked)
 
     def is_created(self, dims: Dims, view: str | None, tag: str | None) -> bool:
@@ -212,10 +294,42 @@ def check_fits(grid: Any, world: int | None) -> None:
         )
 
 
-def grid_core(grid: Any) -> GridCore:
-    """The core of ``grid`` (a ``HyperCommGrid``)."""
-    core: GridCore = grid._core
-    return core
+class FamilyIndex:
+    """What the adapters (``hypergrid.compat``) read of a grid: its root and view, views, families (read-only).
+
+    Args:
+        core: the grid's core.
+    """
+
+    def __init__(self, core: GridCore) -> None:
+        self._of = core
+
+    @property
+    def root(self) -> Any:
+        """The root grid (the grid itself unless it came from ``view()``)."""
+        return self._of.root
+
+    @property
+    def view_name(self) -> str:
+        """The grid's view (``"base"`` for a root grid)."""
+        return self._of.view_name
+
+    def rank_view(self, view: str | None) -> RankView:
+        """The record of ``view`` (None: the grid's own); ``ViewNotFoundError`` for one not registered."""
+        return self._of.rank_view(view)
+
+    def family_key(self, dims: Dims, view: str | None) -> PgKey:
+        """The registry key of the family over ``dims`` of ``view``, untagged."""
+        return self._of.family_key(dims, view)
+
+    def is_created(self, dims: Dims, view: str | None, tag: str | None) -> bool:
+        """Whether that family (with ``tag``) was created."""
+        return self._of.is_created(dims, view, tag)
+
+
+def family_index(grid: Any) -> FamilyIndex:
+    """The read-only `FamilyIndex` of ``grid`` (a ``HyperCommGrid``)."""
+    return FamilyIndex(grid._core)
 
 
 def _names_of(dims: Dims) -> list[object]:

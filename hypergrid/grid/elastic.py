@@ -6,26 +6,26 @@ lists its steps). See docs/elastic.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import functools
+from collections.abc import Iterable
 from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.agreement.guard import grid_ordinal
+from hypergrid.agreement import diagnosis
 from hypergrid.agreement.membership import Proposal, call_key, release_key, wait_for_call
-from hypergrid.agreement.world import current_watcher, ensure_watching
-from hypergrid.binding import alarm
+from hypergrid.agreement.world import World
 from hypergrid.binding.facet import Facet, require_initialized
 from hypergrid.binding.failures import abort_groups
-from hypergrid.binding.reform import current_epoch
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, untagged
-from hypergrid.errors import GridSpecError, GridTooLargeError, InvalidArgumentError, RankError
-from hypergrid.grid.recovery import Recovery, Recreation, families_digest
+from hypergrid.errors import GridTooLargeError, InvalidArgumentError, RankError
+from hypergrid.grid.recovery import Recovery, families_digest
 from hypergrid.grid.regrid import Regrid
 from hypergrid.grid.snapshots import MAX_STEP, StepSnapshots
+from hypergrid.grid.succession import Recreation
 from hypergrid.launch.ledger import record_shrink
 from hypergrid.layout import KEY_SEPARATOR, MAX_WORLD_SIZE
-from hypergrid.layout.shrink import ShrinkPlan, check_policy
+from hypergrid.layout.shrink import check_policy
 from hypergrid.validation import check_int, check_ints, refuse
 from hypergrid.values import check_timeout, shown
 
@@ -63,12 +63,11 @@ def _parse(key: PgKey) -> tuple[str | None, tuple[str, ...], str | None, str | N
     return view, (*names[:-1], last), tag, half.partition("=")[0] or None
 
 
-def _left_behind() -> None:
+def _left_behind(world: World) -> None:
     """A spare's wait woke without a call: ``FencedError`` if the others went on without it (it was stopped)."""
-    watcher = current_watcher()
-    if watcher is not None:
-        watcher.excluded()
-    alarm.check_fence("standby")
+    if world.watcher is not None:
+        world.watcher.excluded()
+    world.alarm.check_fence("standby")
 
 
 def _check_resume(root: Any, call: str, dim: str, step: object, snapshots: object) -> int | None:
@@ -85,6 +84,7 @@ def _check_resume(root: Any, call: str, dim: str, step: object, snapshots: objec
                 f"{call}: snapshots= needs the family over {dim!r} (a replica that lacks the agreed step gets it "
                 f"from its {dim!r} group), which this grid did not create; call create_pg({dim!r}) first"
             )
+        snapshots.check_matches(call)  # a restore that would fail half way is refused before anything changes
     return None if step is None else check_int(call, "step", step, 0, MAX_STEP)
 
 
@@ -93,7 +93,7 @@ def _recover(recovery: Recovery, proposal: Proposal, families: list[Recreation])
     dead = recovery.agree(proposal)
     plan, successor = recovery.plan(dead, proposal.policy, proposal.dim, families)
     regrid: Regrid = recovery.carry_on(plan, successor, families, proposal.policy, proposal.dim)
-    record_shrink(recovery.epoch.number, regrid.epoch, regrid.rank, regrid.old_to_new, regrid.dead)  # hypergrid.run
+    record_shrink(recovery.world.number, regrid.epoch, regrid.rank, regrid.old_to_new, regrid.dead)  # hypergrid.run
     return regrid
 
 
@@ -139,22 +139,24 @@ class Elastic(Facet):
             []
             >>> dist.destroy_process_group()
         """
-        abort_groups([group for group in self._held_groups() if group is not dist.GroupMember.WORLD])
+        world = self._core.registry.world
+        groups = [group for group in self._held_groups() if group is not dist.GroupMember.WORLD]
+        abort_groups(groups, None if world is None else world.job)
         self._core.root.destroy()
 
     # -- shrink ---------------------------------------------------------------
 
-    def _check_shrink(self, dead: Iterable[int] | None, dim: object, policy: object) -> tuple[int, list[int]]:
-        require_initialized("shrink")
+    def _check_shrink(
+        self, dead: Iterable[int] | None, dim: object, policy: object, world: int, rank: int
+    ) -> list[int]:
         self.layout._one_dim(dim)
         check_policy(policy)
-        world, rank = dist.get_world_size(), dist.get_rank()
         named = [] if dead is None else check_ints("shrink", "dead", dead, 0, world - 1, limit=world, error=RankError)
         if rank in named:
             raise RankError(f"shrink: dead={shown(named)} names the calling rank {rank}; a survivor calls shrink")
         if self._core.registry.spares_released:  # released spares left: they are gone
             named += range(world - self._core.grid.spares, world)
-        return world, sorted({int(gone) for gone in named})
+        return sorted({int(gone) for gone in named})
 
     def shrink(
         self,
@@ -173,9 +175,10 @@ class Elastic(Facet):
         ``dead`` and every rank the world's roll calls found dead (each rank's
         watcher answers for it, even while its main thread is blocked, so a slow
         rank is never declared dead and every survivor reads the same verdict);
-        when no failure was seen yet, the call runs a roll call itself, which
-        also ends every other rank's grid waits with ``RankFailure`` so that
-        they come too. The survivors agree on the dead, ``policy``, ``dim`` and
+        when no failure was seen yet, the call runs a roll call itself: a rank it
+        finds dead ends every other rank's grid waits with ``RankFailure`` so that
+        they come too, and with nobody dead the others' steps go on until they call
+        ``shrink`` themselves. The survivors agree on the dead, ``policy``, ``dim`` and
         the families to re-create; the whole plan (the new layout, views, every
         family, tag and ``within``/``across`` half) is checked before anything is
         torn down. Then the old groups are aborted, the default group is
@@ -227,10 +230,11 @@ class Elastic(Facet):
             InvalidArgumentError: an unknown ``policy``, a bad ``timeout_s`` or ``step``, both ``step`` and
                 ``snapshots``, or ``snapshots`` without a created family over ``dim``.
             RankError: ``dead`` names a rank outside the world, or the caller.
-            RankFailure: every slice of ``dim`` died, spares are too few, this rank was declared dead
-                by the others (it arrived too late), or the new world could not form although no
-                further rank died; the same error on every survivor.
-            FencedError: this rank was excluded by the others (it answered no roll call in time).
+            RankFailure: every slice of ``dim`` died, spares are too few, or the new world could not form
+                although no further rank died; the same error on every survivor.
+            FencedError: this rank was excluded by the others (it answered no roll call in time, or arrived
+                after they went on), within about a second of resuming if it was stopped inside ``shrink``.
+            GridReplacedError: this grid was replaced by an earlier ``shrink`` (use the grid it returned).
             DesyncError: survivors asked for different ``policy``, ``dim`` or families, or only some passed
                 ``snapshots``.
             GridSpecError: a registered view no longer divides the new grid.
@@ -242,12 +246,14 @@ class Elastic(Facet):
                 dead, dim=dim, policy=policy, timeout_s=timeout_s, step=step, snapshots=snapshots
             )
             return shrunk
-        alarm.check_fence("grid.shrink")
+        require_initialized("shrink")
+        world = self._core.world_for("grid.shrink")  # a replaced grid refuses: nothing reaches the new world
+        world.alarm.check_fence("grid.shrink")
         default = min(grid.guard_timeout_s, SHRINK_TIMEOUT_S)
         timeout = default if timeout_s is None else check_timeout(timeout_s, "timeout_s")
-        world, named = self._check_shrink(dead, dim, policy)
+        named = self._check_shrink(dead, dim, policy, world.size, world.rank)
         checked_step = _check_resume(root, "shrink", dim, step, snapshots)
-        recovery = Recovery(grid, current_epoch(), world, timeout, checked_step, snapshots)
+        recovery = Recovery(grid, world, world.size, timeout, checked_step, snapshots)
         families = _family_list(root)
         known = recovery.known_dead(named)
         # A "local" grid's families may differ between groups after a death (each group commits alone): the
@@ -256,54 +262,6 @@ class Elastic(Facet):
         proposal = Proposal(tuple(known), policy, dim, families_digest(compared, self._core.describe()))
         regrid: Regrid = _recover(recovery, proposal, families)
         return regrid
-
-    def successor(self, plan: ShrinkPlan) -> Any:
-        """The new grid (no group yet) with the old one's settings and views, for ``plan``."""
-        root = self._core.root
-        new = type(root)(
-            list(plan.shape), root.dim_names, plan.rank_offset, **{**root._core.init_kwargs(), "spares": plan.spares}
-        )
-        try:
-            for name, view in root._core.registry.views.items():
-                if name == "base":
-                    continue
-                shape = list(view.shape)
-                if tuple(plan.shape) != tuple(root.shape):
-                    shape = self._shrunk_view_shape(name, view, plan)
-                new.register_view(name, shape, view.dim_names, view.shared_dims)
-        except GridSpecError:
-            grid_ordinal(new._core.describe(), forget=new._core.ordinal)  # refused: as if this grid was never built
-            raise
-        return new
-
-    def _shrunk_view_shape(self, name: str, view: Any, plan: ShrinkPlan) -> list[int]:
-        """A view's shape once the grid lost slices of one dim: that dim (if the view has it) shrinks alike."""
-        (index,) = [i for i, (old, new) in enumerate(zip(self._core.root.shape, plan.shape)) if old != new]
-        dim, old, new = self._core.root.dim_names[index], self._core.root.shape[index], plan.shape[index]
-        shape = list(view.shape)
-        if dim not in view.dim_names or (shape[view.dim_names.index(dim)] * new) % old:
-            raise GridSpecError(
-                f"shrink: view {name!r} {view.shape} {view.dim_names} cannot follow the grid's {dim!r} from {old} to "
-                f"{new}: it has no dim {dim!r} whose size scales to a whole number; a view must cover the new grid"
-            )
-        shape[view.dim_names.index(dim)] = shape[view.dim_names.index(dim)] * new // old
-        return shape
-
-    def recreate(self, families: Sequence[Recreation], bound_s: float) -> None:
-        """Create ``families`` again, in their order (the shrink's agreement compared them: no guard round).
-
-        torch waits at most ``bound_s`` for the other members of each group (a
-        death there fails the creation instead of hanging it).
-        """
-        grid = self._core.grid
-        guard, grid.guard = grid.guard, False
-        try:
-            for _, spec in families:
-                self._core.create_families(
-                    [spec["dims"]], spec["view"], None, spec["tag"], dict(spec["kwargs"]), "shrink", bound_s=bound_s
-                )
-        finally:
-            grid.guard = guard
 
     # -- spares ---------------------------------------------------------------
 
@@ -330,26 +288,27 @@ class Elastic(Facet):
         checked = None if timeout_s is None else check_timeout(timeout_s, "timeout_s")  # before any wait
         if snapshots is not None and not isinstance(snapshots, StepSnapshots):
             raise refuse("standby", "snapshots", snapshots, "a hypergrid.StepSnapshots or None", InvalidArgumentError)
-        ensure_watching()  # a spare answers the world's roll calls too
         grid = self._core.grid
         while True:
-            world, rank = dist.get_world_size(), dist.get_rank()
-            if not world - grid.spares <= rank < world:
+            world = grid._core.world_for("standby")  # (joined when the grid was built: a spare answers roll calls)
+            if not world.size - grid.spares <= world.rank < world.size:
                 raise RankError(
-                    f"standby: rank {rank} is not a spare (the spares are the last {grid.spares} rank(s) of the "
-                    f"world of {world}); only spares wait"
+                    f"standby: rank {world.rank} is not a spare (the spares are the last {grid.spares} rank(s) of "
+                    f"the world of {world.size}); only spares wait"
                 )
-            epoch = current_epoch()
-            call = wait_for_call(epoch.base_store, epoch.number, gone=_left_behind)
+            store, number = world.base_store, world.number
+            wake = functools.partial(diagnosis.read, world.calls, call_key(number))  # a fence ends the wait
+            with world.alarm.listening(wake, fence_only=True):
+                call = wait_for_call(store, number, gone=functools.partial(_left_behind, world))
             if not call.startswith(_SHRINK):
-                if epoch.base_store.add(release_key(epoch.number), 1) == grid.spares:
-                    epoch.base_store.delete_key(release_key(epoch.number))
-                    epoch.base_store.delete_key(call_key(epoch.number))
+                if store.add(release_key(number), 1) == grid.spares:
+                    store.delete_key(release_key(number))
+                    store.delete_key(call_key(number))
                 return None
             proposal = Proposal.decode(call[len(_SHRINK) :])
             timeout = min(grid.guard_timeout_s, SHRINK_TIMEOUT_S) if checked is None else checked
             _check_resume(grid._core.root, "standby", proposal.dim, None, snapshots)
-            recovery = Recovery(grid, epoch, world, timeout, snapshots=snapshots)
+            recovery = Recovery(grid, world, world.size, timeout, snapshots=snapshots)
             regrid = _recover(recovery, proposal, _family_list(grid._core.root))
             if regrid.rank is not None and regrid.grid.layout.contains(regrid.rank):
                 return regrid
@@ -370,5 +329,5 @@ class Elastic(Facet):
         if not self._core.grid.spares:
             return
         require_initialized("release_spares")
-        epoch = current_epoch()
-        epoch.base_store.compare_set(call_key(epoch.number), "", "release")
+        world = self._core.world_for("release_spares")
+        world.base_store.compare_set(call_key(world.number), "", "release")

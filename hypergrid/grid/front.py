@@ -45,12 +45,9 @@ class FacetFront:
     """The facet objects over a grid's core and the grid's methods that delegate to them (a base of the grid)."""
 
     def __init__(self, core: GridCore) -> None:
-        facets = (CoordinateGetters, NodeAwareness, Views, MeshExport, Collectives, Gradients, Pipeline, Communicators)
-        creation, elastic = GuardedCreation(core), Elastic(core)  # what creation and shrink use through the core
-        core.create_families = creation.create_families
-        core.successor, core.recreate = elastic.successor, elastic.recreate
-        self._facets: dict[type[Facet], Facet] = {facet: facet(core) for facet in (*facets, MegatronShims)}
-        self._facets.update({GuardedCreation: creation, Elastic: elastic})
+        facets: tuple[type[Facet], ...] = (CoordinateGetters, NodeAwareness, Views, MeshExport, Collectives, Gradients)
+        facets += (Pipeline, Communicators, GuardedCreation, Elastic, MegatronShims)
+        self._facets: dict[type[Facet], Facet] = {facet: facet(core) for facet in facets}
 
     create_pgs = delegate(GuardedCreation.create_pgs)
     coord_of = delegate(CoordinateGetters.coord_of)

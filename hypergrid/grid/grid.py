@@ -8,7 +8,6 @@ the default group, through ``torch.distributed.new_subgroups_by_enumeration``.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,8 +16,9 @@ import torch.distributed as dist
 from hypergrid.binding.creation import check_strategy
 from hypergrid.binding.options import check_group_options, normalize_backend, refuse_keywords
 from hypergrid.binding.registry import PgKey, for_view, member_or_none
-from hypergrid.binding.worldstate import world_size_hint
+from hypergrid.binding.worldsize import world_size_hint
 from hypergrid.errors import GroupNotFoundError
+from hypergrid.grid.batch import create_families
 from hypergrid.grid.core import GridCore, RankView, check_fits
 from hypergrid.grid.elastic import check_spares
 from hypergrid.grid.front import FacetFront
@@ -259,7 +259,7 @@ class HyperCommGrid(FacetFront):
             >>> grid.destroy()
             >>> dist.destroy_process_group()
         """
-        return next(iter(self._core.create_families([dims], view, strategy, tag, kwargs, "create_pg").values()))
+        return next(iter(create_families(self._core, [dims], view, strategy, tag, kwargs, "create_pg").values()))
 
     def pg(
         self,
@@ -364,13 +364,15 @@ class HyperCommGrid(FacetFront):
         of step back in step (docs/reliability.md). Groups placed in ``_pgs``
         from outside (as Megatron's code and tests do) are destroyed too, skipping
         ``None`` and ``NON_GROUP_MEMBER``.
+
+        The root grid's ``destroy()`` also lets go of its world: once no grid of
+        this rank holds it, the rank leaves the world's watch (its watcher thread
+        and store connection end). Without ``destroy()`` the groups and the watch
+        last until ``torch.distributed.destroy_process_group()`` or the process's
+        exit, which release them as well. On a grid a shrink replaced it only lets
+        go (its groups went with the shrink).
         """
-        self._core.guard_ledger.release()
-        mine = self._core.view_keys(own_only=True)
-        freed = self._core.registry.pool.release_registry(self._core.registry.groups, mine)
-        if self._core.root is self and (self._core.stale_epoch() or self._core.creations or mine):
-            self._core.epoch, self._core.creations = max(self._core.epoch, self._core.resync) + 1, 0
-        for group in freed:
-            # torch no longer knows this group (destroyed elsewhere), or it is no group of this world.
-            with contextlib.suppress(ValueError, RuntimeError):
-                dist.destroy_process_group(group)
+        self._core.drop_families()
+        world = self._core.registry.world
+        if self._core.root is self and world is not None:
+            world.release(self)

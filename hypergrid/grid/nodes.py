@@ -16,7 +16,7 @@ from typing import Any
 import torch.distributed as dist
 
 from hypergrid.binding.facet import Facet, caller_rank, require_initialized
-from hypergrid.binding.failures import check_live, peer_failures
+from hypergrid.binding.failures import peer_failures
 from hypergrid.binding.registry import guard_key
 from hypergrid.cluster.placement import PlacementReport, build_report
 from hypergrid.cluster.tiers import Topology
@@ -161,8 +161,9 @@ class NodeAwareness(Facet):
         local = os.environ.get("LOCAL_RANK", "").strip()
         mine = (socket.gethostname(), int(local) if local.isdigit() else None)
         gathered: list[Any] = [None] * dist.get_world_size()
-        check_live("placement_report")
-        with peer_failures("placement_report"):
+        alarm = self._alarm("placement_report")
+        alarm.check("placement_report")
+        with peer_failures(alarm, "placement_report"):
             dist.all_gather_object(gathered, mine)
         root = self._core.root
         families = [

@@ -205,12 +205,75 @@ class StepSnapshots:
                         holder.zero_grad(set_to_none=True)
         return step
 
+    def check_matches(self, call: str) -> None:
+        """Refuse, before anything communicates, holders that no longer match the snapshots (a tensor whose shape,
+        dtype or device changed, an entry added or gone since the newest `take`): a restore would fail half way.
+
+        Raises:
+            InvalidArgumentError: naming the first entry that differs, with what was taken and what is there now.
+
+        Examples:
+            >>> import torch
+            >>> model = torch.nn.Linear(3, 5)
+            >>> snapshots = StepSnapshots(model); snapshots.take(0); snapshots.check_matches("shrink")
+            >>> model.weight = torch.nn.Parameter(torch.zeros(7, 11))
+            >>> snapshots.check_matches("shrink")
+            Traceback (most recent call last):
+              ...
+            hypergrid.errors.InvalidArgumentError: shrink: snapshots= no longer match the model: holder 0['weight'] ...
+        """
+        if not self._snapshots:
+            return  # (a spare's: nothing taken, nothing to restore)
+        newest = self._snapshots[-1]
+        found = _difference(newest.skeleton, self._current()[0], "")
+        if found is not None:
+            where, then, now = found
+            raise InvalidArgumentError(
+                f"{call}: snapshots= no longer match the model: {where.strip() or 'the state'} is {now}; the "
+                f"snapshot of step {newest.step} holds {then} (its state changed shape since the last take(): "
+                "restore the model as it was, or take() again before the next step)"
+            )
+
     def _adopt(self, step: int, skeleton: Any, tensors: list[torch.Tensor]) -> None:
         """A state received from a peer becomes the snapshot of ``step`` (the only one held)."""
         self._snapshots = [_Snapshot(step, skeleton, tensors)]
 
     def _get(self, step: int) -> _Snapshot | None:
         return next((snapshot for snapshot in self._snapshots if snapshot.step == step), None)
+
+
+def _shown(node: Any) -> str:
+    if node[0] == "tensor":
+        shape, dtype, device = node[1], str(node[2]).replace("torch.", ""), node[3]
+        return f"a tensor of shape {tuple(shape)}, {dtype} on {device}"
+    if node[0] == "value":
+        return f"the value {node[1]!r}"
+    return f"a {node[0]} of {len(node[1])} entries"
+
+
+def _difference(then: Any, now: Any, where: str) -> tuple[str, str, str] | None:
+    """The first place where two skeletons (`_flatten`'s) differ: (where, what it was, what it is), or None."""
+    if then[0] != now[0] or (then[0] == "tensor" and then != now):
+        return where, _shown(then), _shown(now)
+    if then[0] == "dict":
+        mine, theirs = dict(then[1]), dict(now[1])
+        for key in [*mine, *[key for key in theirs if key not in mine]]:
+            if key not in mine or key not in theirs:
+                gone = key not in theirs
+                return f"{where}[{key!r}]", "it" if gone else "nothing", "gone" if gone else "new"
+            found = _difference(mine[key], theirs[key], f"{where}[{key!r}]")
+            if found is not None:
+                return found
+        return None
+    if then[0] in ("list", "tuple"):
+        if len(then[1]) != len(now[1]):
+            return where, _shown(then), _shown(now)
+        for index, (old, new) in enumerate(zip(then[1], now[1])):
+            label = f"holder {index}" if not where else f"{where}[{index}]"
+            found = _difference(old, new, label)
+            if found is not None:
+                return found
+    return None
 
 
 def _wire_device(group: Any) -> torch.device:

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from hypergrid.agreement.guard import grid_ordinal
 from hypergrid.binding.facet import Facet
 from hypergrid.errors import GridSpecError
 from hypergrid.grid.core import BASE_VIEW, RankView
@@ -211,6 +210,5 @@ class Views(Facet):
         root = self._core.root
         spec = root._core.registry.views[name]
         bound = type(root)(spec.shape, spec.dim_names, root.rank_offset, **root._core.init_kwargs())
-        bound._core.bind(root, name)
-        grid_ordinal(bound._core.describe(), forget=bound._core.ordinal)  # a view creates through its root only
+        bound._core.bind(root, name)  # a view creates through its root only (it takes no ordinal)
         return bound

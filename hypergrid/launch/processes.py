@@ -30,7 +30,7 @@ from torch.distributed.rendezvous import rendezvous
 from hypergrid.errors import BackendError, WorkerError, public
 from hypergrid.launch.ledger import record_uncaught_exceptions
 from hypergrid.launch.sockets import opened, snapshot, track
-from hypergrid.launch.spawned import HOST, RETURNED, UNPICKLABLE, LauncherStreams, start_context, worker
+from hypergrid.launch.spawned import FENCED, HOST, RETURNED, UNPICKLABLE, LauncherStreams, start_context, worker
 from hypergrid.launch.stacks import enable_stack_dumps, request_stack_dumps
 from hypergrid.validation import check_bool, check_choice, check_int, check_str, refuse
 from hypergrid.values import check_timeout, first_line
@@ -47,10 +47,15 @@ _SETTLE_SECONDS = 0.5
 
 @dataclass(frozen=True)
 class WorkerDeath:
-    """In ``spawn``'s results (with ``allow_deaths``): this rank died without reporting."""
+    """In ``spawn``'s results (with ``allow_deaths``): this rank died without reporting, or was fenced.
+
+    ``fenced``: the ``FencedError`` the rank raised (the others declared it dead and went on without it, as a
+    launcher would replace it), else None.
+    """
 
     rank: int
     exitcode: int | None
+    fenced: str | None = None
 
 
 def default_device() -> torch.device:
@@ -170,8 +175,9 @@ def spawn(
             names every running rank with its stack, not by one rank's
             timeout racing it.
         allow_deaths: for fault-injection tests: a worker that dies without
-            reporting yields a ``WorkerDeath`` in the results instead of
-            stopping the run, so the other ranks' outcomes can be inspected.
+            reporting, or raises ``FencedError`` (the others declared it dead),
+            yields a ``WorkerDeath`` in the results instead of stopping the
+            run, so the other ranks' outcomes can be inspected.
         start_method: ``"forkserver"`` (the default where the platform has
             it: Linux, macOS) forks each worker from one server process
             that imported torch and hypergrid once, at this process's first
@@ -282,6 +288,10 @@ def _collect(
             continue
         if outcome == RETURNED:
             values[rank] = _unpickled(rank, nprocs, value)
+            continue
+        if outcome == FENCED and allow_deaths:  # as good as dead to the others: their results stand
+            said = str(value).strip().splitlines()
+            values[rank] = WorkerDeath(rank, None, said[-1] if said else "FencedError")
             continue
         if outcome == UNPICKLABLE:
             raise WorkerError(

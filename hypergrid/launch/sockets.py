@@ -22,7 +22,7 @@ import socket
 import weakref
 from typing import Any
 
-__all__ = ["Connections", "opened", "sever", "severable", "snapshot", "track"]
+__all__ = ["Connections", "hosts", "opened", "sever", "severable", "snapshot", "track"]
 
 _FDS = "/proc/self/fd"
 
@@ -114,3 +114,34 @@ def sever(group: Any) -> int:
             shut += 1
         twin.close()
     return shut
+
+
+def hosts(store: Any) -> bool:
+    """Whether this process listens on ``store``'s port: it hosts the store (rank 0 under a plain ``env://``).
+
+    ``store``: a ``TCPStore``, or a ``PrefixStore`` over one. False where it cannot be told (no ``/proc``, another
+    kind of store).
+
+    Examples:
+        >>> import torch.distributed as dist
+        >>> server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        >>> hosts(dist.PrefixStore("p", server)), hosts(dist.HashStore())
+        (True, False)
+    """
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    port = getattr(store, "port", None)
+    if not isinstance(port, int):
+        return False
+    listening = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as file:
+                lines = file.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
+                listening.add(f"socket:[{fields[9]}]")  # state 0A: LISTEN; field 9: the inode
+    return bool(listening & set(snapshot().values()))

@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 
+from hypergrid.errors import FencedError
 from hypergrid.launch.orphans import tie_to_parent
 from hypergrid.launch.sockets import opened, snapshot, track
 from hypergrid.launch.stacks import enable_stack_dumps
@@ -47,8 +48,9 @@ __all__ = [
 
 #: Where the launcher hosts the store.
 HOST = "127.0.0.1"
-# What a worker's message says: it raised, it returned (pickled bytes follow), or its value cannot be pickled.
-FAILED, RETURNED, UNPICKLABLE = "failed", "returned", "unpicklable"
+# What a worker's message says: it raised, it returned (pickled bytes follow), its value cannot be pickled, or it was
+# fenced (the others declared it dead and went on without it: it raised FencedError).
+FAILED, RETURNED, UNPICKLABLE, FENCED = "failed", "returned", "unpicklable", "fenced"
 
 #: How ``spawn`` may start its workers, in order of preference: ``None`` picks the first this platform has.
 START_METHODS = ("forkserver", "spawn")
@@ -200,6 +202,8 @@ def worker(
         # its side under a peer still in gloo's connectFullMesh ("Connection closed by peer": once in a make test).
         dist.barrier()
         value = fn(*args)
+    except FencedError:
+        results.put((rank, FENCED, traceback.format_exc()))
     except BaseException:
         results.put((rank, FAILED, traceback.format_exc()))
     else:

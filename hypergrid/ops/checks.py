@@ -305,13 +305,14 @@ def compare_calls(
     row = [dist.get_rank(), family_code(family), number, *fields]
     rows = torch.tensor([row], dtype=torch.int64, device=_device(halves[0][0], tensor))
     what = f"{call} over {shown(dims)} (comparing the call)"
+    alarm = grid._core.world_for(what).alarm
 
     def description() -> str:
         return _describe(row[1:], {family_code(family): family})
 
     for group, waits_in in halves:
         gathered = rows.new_empty((dist.get_world_size(group) * rows.shape[0], rows.shape[1]))
-        work = communicate(what, all_gather_single, gathered, rows, group=group, async_op=True)
+        work = communicate(alarm, what, all_gather_single, gathered, rows, group=group, async_op=True)
         pending = Pending(root, family, number, waits_in, description, dict(ledger.counts))
         try:
             wait_comparing(work, what, pending, rows.device.type == "cpu")

@@ -124,9 +124,8 @@ class Collectives(Facet):
         check_reduce_op(op, "all_reduce")
         check_bool("all_reduce", "async_op", async_op)
         group = member_pg(self._core.grid, dims, "all_reduce")
-        work: Watched | None = communicate(
-            f"all_reduce over {shown(dims)}", dist.all_reduce, tensor, op=op, group=group, async_op=async_op
-        )
+        what, alarm = f"all_reduce over {shown(dims)}", self._alarm("all_reduce")
+        work: Watched | None = communicate(alarm, what, dist.all_reduce, tensor, op=op, group=group, async_op=async_op)
         return work
 
     def all_gather(self, tensor: torch.Tensor, dims: Dims, dim: int = 0) -> torch.Tensor:
@@ -156,7 +155,9 @@ class Collectives(Facet):
         group = member_pg(self._core.grid, dims, "all_gather")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((self.layout.group_size(dims) * moved.shape[0], *moved.shape[1:]))
-        communicate(f"all_gather over {shown(dims)}", all_gather_single, out, moved, group=group)
+        communicate(
+            self._alarm("all_gather"), f"all_gather over {shown(dims)}", all_gather_single, out, moved, group=group
+        )
         return out.movedim(0, index).contiguous()
 
     def reduce_scatter(
@@ -187,7 +188,8 @@ class Collectives(Facet):
         group = member_pg(self._core.grid, dims, "reduce_scatter")
         moved = tensor.movedim(index, 0).contiguous()
         out = moved.new_empty((chunk, *moved.shape[1:]))
-        communicate(f"reduce_scatter over {shown(dims)}", _reduce_scatter_single, out, moved, op=op, group=group)
+        alarm = self._alarm("reduce_scatter")
+        communicate(alarm, f"reduce_scatter over {shown(dims)}", _reduce_scatter_single, out, moved, op=op, group=group)
         return out.movedim(0, index).contiguous()
 
     def broadcast(self, tensor: torch.Tensor, dims: Dims, group_src: int = 0, async_op: bool = False) -> Watched | None:
@@ -229,9 +231,8 @@ class Collectives(Facet):
             )
         group = member_pg(self._core.grid, dims, "broadcast")
         src = self.layout.group_ranks(dims, dist.get_rank())[group_src]
-        work: Watched | None = communicate(
-            f"broadcast over {shown(dims)}", dist.broadcast, tensor, src=src, group=group, async_op=async_op
-        )
+        what, alarm = f"broadcast over {shown(dims)}", self._alarm("broadcast")
+        work: Watched | None = communicate(alarm, what, dist.broadcast, tensor, src=src, group=group, async_op=async_op)
         return work
 
     def barrier(self, dims: Dims, async_op: bool = False) -> Watched | None:
@@ -257,7 +258,10 @@ class Collectives(Facet):
         check_bool("barrier", "async_op", async_op)
         compare_call(self._core.grid, "barrier", dims, None)
         group = member_pg(self._core.grid, dims, "barrier")
-        work: Watched | None = communicate(f"barrier over {shown(dims)}", dist.barrier, group=group, async_op=async_op)
+        alarm = self._alarm("barrier")
+        work: Watched | None = communicate(
+            alarm, f"barrier over {shown(dims)}", dist.barrier, group=group, async_op=async_op
+        )
         return work
 
     def hierarchical_all_reduce(
@@ -341,9 +345,9 @@ class Collectives(Facet):
         flat = tensor.detach().reshape(-1)
         buffer = torch.cat([flat, flat.new_zeros(-count % k)])  # a copy, padded to k equal shards
         shard = buffer.new_empty(buffer.numel() // k)
-        over = f"{what} over {shown(dims)}"
-        communicate(over, _reduce_scatter_single, shard, buffer, op=op, group=inner)
-        communicate(over, dist.all_reduce, shard, op=op, group=outer)
-        communicate(over, all_gather_single, buffer, shard, group=inner)
+        over, alarm = f"{what} over {shown(dims)}", self._alarm(what)
+        communicate(alarm, over, _reduce_scatter_single, shard, buffer, op=op, group=inner)
+        communicate(alarm, over, dist.all_reduce, shard, op=op, group=outer)
+        communicate(alarm, over, all_gather_single, buffer, shard, group=inner)
         with torch.no_grad():
             tensor.copy_(buffer[:count].view(tensor.shape))

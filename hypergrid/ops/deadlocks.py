@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.agreement.diagnosis import read
-from hypergrid.binding.failures import Watched, check_live
+from hypergrid.binding.failures import Watched
 from hypergrid.binding.registry import guard_key
 from hypergrid.errors import CollectiveMismatchError, RankFailure
 from hypergrid.values import format_ranks
@@ -89,7 +89,8 @@ def wait_comparing(work: Watched, what: str, pending: Pending, on_cpu: bool = Tr
         if not done() and dist.get_backend() != "fake":
             with _Watch(pending) as watch:
                 while not done():
-                    check_live(what)
+                    if work.alarm is not None:
+                        work.alarm.check(what)
                     watch.look()
         if work.work.is_completed():
             try:  # ended: where it failed, a rank that found calls that never meet may have destroyed its grid

@@ -233,10 +233,10 @@ class Gradients(Facet):
         group = member_pg(grid, dims, "average_gradients")
         size = dist.get_world_size(group)
         op = dist.ReduceOp.AVG if dist.get_backend(group) in _BACKENDS_WITH_AVG else dist.ReduceOp.SUM
-        what = f"average_gradients over {shown(dims)}"
+        what, alarm = f"average_gradients over {shown(dims)}", self._alarm("average_gradients")
         for grads in buckets:
             flat = torch.cat([grad.detach().reshape(-1) for grad in grads])
-            communicate(what, dist.all_reduce, flat, op=op, group=group)
+            communicate(alarm, what, dist.all_reduce, flat, op=op, group=group)
             if op == dist.ReduceOp.SUM:
                 flat.div_(size)
             offset = 0

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hypergrid.binding.alarm import Alarm
 from hypergrid.binding.facet import Facet, caller_rank, member_pg
-from hypergrid.binding.failures import check_live, peer_failures, wait_works
+from hypergrid.binding.failures import peer_failures, wait_works
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.layout import GridLayout
 from hypergrid.ops.checks import compare_call, tensor_code
@@ -26,14 +27,17 @@ from hypergrid.values import shown
 __all__ = ["Pipeline", "run_p2p"]
 
 
-def run_p2p(ops: list[dist.P2POp], what: str) -> None:
-    """Post ``ops`` in one ``batch_isend_irecv`` and wait for all of them; a dead peer raises ``RankFailure``."""
+def run_p2p(alarm: Alarm | None, ops: list[dist.P2POp], what: str) -> None:
+    """Post ``ops`` in one ``batch_isend_irecv`` and wait for all of them; a dead peer raises ``RankFailure``.
+
+    ``alarm``: the world's (`hypergrid.binding.alarm.Alarm`), whose news ends the wait (None: no world)."""
     if not ops:
         return
-    check_live(what)
-    with peer_failures(what):
+    if alarm is not None:
+        alarm.check(what)
+    with peer_failures(alarm, what):
         requests = dist.batch_isend_irecv(ops)
-    wait_works(requests, what)
+    wait_works(alarm, requests, what)
 
 
 def _checked(what: str, layout: GridLayout, dim: object, *tensors: torch.Tensor | None) -> dict[str, Any]:
@@ -157,7 +161,8 @@ class Pipeline(Facet):
             >>> grid.destroy(); dist.destroy_process_group()
         """
         tensors = _checked("p2p_ops", self.layout, dim, send_next, send_prev, recv_next, recv_prev)
-        check_live(f"p2p_ops along {shown(dim)}")
+        what = f"p2p_ops along {shown(dim)}"
+        self._alarm(what).check(what)
         group = member_pg(self._core.grid, dim, "p2p_ops")
         rank = dist.get_rank()
         given = [name for name, tensor in tensors.items() if tensor is not None]
@@ -236,4 +241,5 @@ class Pipeline(Facet):
             compare_call(self._core.grid, "exchange", dim, None, aux=codes, pairing=_pairs)
         tensors = _checked(*arguments)
         kept = {name: t for name, t in tensors.items() if t is not None and present[name.split("_")[1]]}
-        run_p2p(self.p2p_ops(dim, **kept), f"exchange along {shown(dim)}")
+        what = f"exchange along {shown(dim)}"
+        run_p2p(self._alarm(what), self.p2p_ops(dim, **kept), what)

@@ -20,7 +20,7 @@ import pytest
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from hypergrid.agreement import liveness
-from hypergrid.agreement.liveness import done_key
+from hypergrid.agreement.liveness import world_keys
 from tests.agreement.test_liveness import roll_call
 from tests.agreement.test_rollcall_scale import CLOSER_OPS
 
@@ -48,10 +48,10 @@ def test_answers_all_in_during_a_long_wake_close_the_bound_after_it_not_a_wakes_
     elapsed = time.monotonic() - started
     assert {verdict.dead for verdict in verdicts.values()} == {(4,)}
     assert 2.5 <= elapsed < 4.0, elapsed
-    assert set(server.list_keys()) - before == {done_key(31)}
+    assert set(server.list_keys()) - before == set(world_keys(31))
     # A closer: 24 at most before the count was read (`test_rollcall_scale`), then the count at the wake's end and
-    # once at the bound, with a check for the verdict
-    assert max(ops.values()) <= 24 + 3
+    # at its pace until a bound passes without an answer, each with a check for the verdict
+    assert max(ops.values()) <= CLOSER_OPS
 
 
 @pytest.mark.timeout(60)
@@ -69,7 +69,7 @@ def test_answers_still_coming_in_after_the_bound_keep_the_roll_call_open_until_t
     elapsed = time.monotonic() - started
     assert {verdict.dead for verdict in verdicts.values()} == {(6,)}
     assert 3.6 <= elapsed < 4.4, elapsed
-    assert set(server.list_keys()) - before == {done_key(32)}
+    assert set(server.list_keys()) - before == set(world_keys(32))
     assert max(ops.values()) <= CLOSER_OPS  # O(1) whatever the ranks (`test_rollcall_scale`)
 
 

@@ -19,7 +19,7 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from benchmarks import rollcall
 from benchmarks.guard import CountingStore
-from hypergrid.agreement.liveness import FAILURE, PROBE, QUIET_READS, done_key
+from hypergrid.agreement.liveness import FAILURE, PROBE, QUIET_READS, record_member, world_keys
 from hypergrid.agreement.watcher import Watcher
 
 TIMEOUT = datetime.timedelta(seconds=60)
@@ -66,9 +66,10 @@ def test_the_simulated_script_is_what_a_real_watcher_sends() -> None:
     def connection() -> Any:
         return TCPStore("127.0.0.1", server.port, is_master=False, timeout=TIMEOUT)
 
-    # Ranks 5 (never started) and 4 (stopped after the first incident) are dead: nobody's answer completes either
-    # roll call. The second is compared: the first found the rank that never started.
+    # Ranks 5 (joined the watch, never answered) and 4 (stopped after the first incident) are dead: nobody's answer
+    # completes either roll call. The second is compared: the first found the rank that never answered.
     world, size = 9, 6
+    record_member(connection(), world, 5, joined=True)
     recorded = [Recording(connection()) for _ in range(5)]
     watchers = [Watcher(recorded[rank], connection(), world, rank, size) for rank in range(5)]
     for watcher in watchers:
@@ -84,7 +85,7 @@ def test_the_simulated_script_is_what_a_real_watcher_sends() -> None:
     time.sleep(0.5)  # rank 3 read the verdict and waits again
     for watcher in watchers[:4]:
         assert watcher.halt(watcher.side, 10.0)
-    assert server.list_keys() == [done_key(world)]  # every wake key and incident key gone: the world's done stays
+    assert sorted(server.list_keys()) == sorted(world_keys(world))  # every wake and incident key gone: the world's
     incidents = [tuple(kind for name, key in store.names for kind in _kinds(name, key)) for store in recorded[:4]]
     # The non-closers (they wait for the verdict right after their answer); rank 0 is the first of the wake block
     others = {

@@ -19,7 +19,7 @@ import pytest
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from hypergrid.agreement.barrier import BarrierFailed, Vigil
-from hypergrid.agreement.liveness import FAILURE, PROBE
+from hypergrid.agreement.liveness import FAILURE, PROBE, record_member
 from hypergrid.agreement.watcher import Watcher
 
 TIMEOUT = datetime.timedelta(seconds=30)
@@ -41,6 +41,7 @@ def test_on_dead_runs_at_every_verdict_naming_dead_not_only_the_first_failure(se
     watchers = {
         rank: Watcher(_client(server), _client(server), world, rank, size, liveness_s=0.3) for rank in range(size)
     }
+    record_member(_client(server), world, 3, joined=True)  # it joined the watch, then died
     for rank in (0, 1, 2, 4):
         watchers[rank].start()
     heard: list[tuple[int, ...]] = []
@@ -84,15 +85,17 @@ class _Liveness:
 
 def test_a_vigil_fails_its_step_on_a_dead_member_only() -> None:
     """Members are old ranks 2, 4, 5 (new 0, 1, 2): an old death (3) changes nothing, rank 4's fails the step."""
-    liveness = _Liveness()
-    with Vigil(liveness.on_dead, {2: 0, 4: 1, 5: 2}, "forming world 1") as vigil:
+    liveness, ended = _Liveness(), []
+    with Vigil(liveness.on_dead, {2: 0, 4: 1, 5: 2}, "forming world 1", lambda *end: ended.append(end)) as vigil:
         liveness.verdict((3,))
         vigil.check()  # rank 3 is no member
+        assert ended == []
         liveness.verdict((3, 4))
         with pytest.raises(BarrierFailed) as failed:
             vigil.check()
         assert failed.value.dead == [1]  # the member, as the step numbers it
     assert liveness.callbacks == []  # it stopped listening
+    assert ended == [([1], "member(s) [1] died while forming world 1")]  # the step's waits were ended, once
 
 
 def test_a_probing_vigil_asks_until_a_member_is_found_dead() -> None:
@@ -109,7 +112,7 @@ def test_a_probing_vigil_asks_until_a_member_is_found_dead() -> None:
         asked.set()
         return [2]
 
-    with Vigil(liveness.on_dead, {2: 0, 4: 1, 5: 2}, "forming world 1", probe, period_s=0.05) as vigil:
+    with Vigil(liveness.on_dead, {2: 0, 4: 1, 5: 2}, "forming world 1", lambda *end: None, probe, 0.05) as vigil:
         assert asked.wait(5.0)
         time.sleep(0.2)
         assert len(calls) == 3  # stopped after the death was found

@@ -20,7 +20,16 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from benchmarks.guard import CountingStore
 from hypergrid.agreement import diagnosis
-from hypergrid.agreement.liveness import FAILURE, PROBE, WAKE_BLOCK, Incident, done_key, incident_prefix, wake_key
+from hypergrid.agreement.liveness import (
+    FAILURE,
+    PROBE,
+    WAKE_BLOCK,
+    Incident,
+    done_key,
+    incident_prefix,
+    wake_key,
+    world_keys,
+)
 from hypergrid.agreement.watcher import Watcher
 
 TIMEOUT = datetime.timedelta(seconds=30)
@@ -70,8 +79,8 @@ def test_a_close_wakes_only_its_block_which_waits_again_and_the_next_roll_call_f
     time.sleep(0.5)
     spent = [watcher.store.ops - before_ops for watcher, before_ops in zip(watchers, ops)]
     assert spent[WAKE_BLOCK:] == [0] * WAKE_BLOCK  # the other block heard nothing
-    # its block's other watchers: a look for the call, the world's end and its done, then the wait again
-    assert all(1 <= spent[rank] <= 4 for rank in range(WAKE_BLOCK) if rank != 3), spent
+    # its block's other watchers: a look for the call, the world's end, its watch and its done, then the wait again
+    assert all(1 <= spent[rank] <= 5 for rank in range(WAKE_BLOCK) if rank != 3), spent
     assert all(watcher._thread.is_alive() for rank, watcher in enumerate(watchers) if rank != 3)
     verdict = watchers[0].report(FAILURE, "test")
     assert verdict is not None and verdict.dead == (3,)
@@ -79,8 +88,9 @@ def test_a_close_wakes_only_its_block_which_waits_again_and_the_next_roll_call_f
     assert all(watchers[rank].dead == [3] for rank in range(size) if rank != 3) and not fenced
     for watcher in watchers:
         assert watcher.halt(watcher.side, 5.0)
-    assert set(server.list_keys()) - before == {done_key(world)}  # every wake key gone: the world's done stays
-    server.delete_key(done_key(world))
+    assert set(server.list_keys()) - before == set(world_keys(world))  # every wake key gone: the world's stay
+    for key in world_keys(world):
+        server.delete_key(key)
 
 
 @pytest.mark.timeout(60)

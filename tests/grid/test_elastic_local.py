@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from hypergrid import HyperCommGrid, Regrid
 from hypergrid.errors import GridSpecError, GridTooLargeError, InvalidArgumentError, NotInitializedError
-from hypergrid.grid.core import grid_core
+from hypergrid.grid.succession import successor
 from hypergrid.layout.shrink import plan_shrink
 
 
@@ -50,12 +50,12 @@ def test_views_follow_the_dropped_dim_or_are_refused() -> None:
     grid = HyperCommGrid([2, 4], ["tp", "dp"])
     grid.register_view("expert", [2, 4], ["ep", "dp"], shared_dims=["dp"])
     plan = plan_shrink(grid.layout, 8, 0, [3], "dp", "drop")
-    successor = grid_core(grid).successor(plan)
-    assert successor.shape == [2, 3] and successor._views["expert"].shape == [2, 3]
+    new = successor(grid, plan)
+    assert new.shape == [2, 3] and new._views["expert"].shape == [2, 3]
     folded = HyperCommGrid([2, 4], ["tp", "dp"])
     folded.register_view("moe", [8], ["ep"])
     with pytest.raises(GridSpecError, match=r"'moe'.*cannot follow"):
-        grid_core(folded).successor(plan)
+        successor(folded, plan)
 
 
 def test_bad_spares_and_uninitialized_shrink() -> None:

@@ -25,16 +25,16 @@ def test_a_backend_that_can_shrink_is_shrunk_in_place(monkeypatch: pytest.Monkey
     calls: list[Any] = []
     monkeypatch.setattr(reform, "can_shrink", lambda: True)
     monkeypatch.setattr(dist, "shrink_group", lambda excluded, shrink_flags: calls.append((excluded, shrink_flags)))
-    epoch = reform.current_epoch()
-    new = reform.reform_world(epoch, 0, 1, None, excluded=[5, 3])
+    base = c10d._get_default_store()
+    namespace = reform.reform_world(base, 1, "kept/", 0, 1, reform.formed(), None, None, excluded=[5, 3])
     assert calls == [([3, 5], c10d.SHRINK_ABORT)]  # sorted; in-flight work aborted
-    assert new.number == epoch.number + 1 and dist.is_initialized()
+    assert namespace == "kept/" and dist.is_initialized()  # shrunk in place: the group keeps its keys
 
 
 @pytest.mark.usefixtures("one_rank_world")
 def test_without_excluded_ranks_the_world_is_re_formed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reform, "can_shrink", lambda: True)
     monkeypatch.setattr(dist, "shrink_group", lambda *args, **kwargs: pytest.fail("shrink_group called"))
-    before = dist.group.WORLD
-    new = reform.reform_world(reform.current_epoch(), 0, 1, None, excluded=None)  # spares reorder ranks
-    assert dist.group.WORLD is not before and new.number >= 1
+    before, base = dist.group.WORLD, c10d._get_default_store()
+    namespace = reform.reform_world(base, 1, None, 0, 1, reform.formed(), None, None, excluded=None)  # (reordered)
+    assert dist.group.WORLD is not before and namespace is not None and namespace.startswith("hypergrid/elastic/1/")

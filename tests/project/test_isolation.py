@@ -1,32 +1,44 @@
-"""One test's process-wide failure state does not reach the next (`tests/conftest.py`).
+"""A world's failure state never reaches another world: nothing process-wide to poison (issue 44).
 
-A rank's store loss and its fence are process-wide (`hypergrid.binding.worldstate.WORLDS`); a pytest
-process runs many tests, each with its own stores. The two tests below run in this order (pytest keeps a
-module's order): the first loses the store and fences the process as a watcher thread left over from a failed
-test would; the second must start clean and create and use a grid.
+A rank's fence and its store's loss belong to its world and its job (`hypergrid.agreement.world.World`, held by
+its grids), not to the process. A pytest process runs many tests, each with its own worlds and stores: a world
+that failed, was fenced and lost its store (as a watcher thread left over from a failed test would make it)
+must leave the next world, in the same process, clean. Before the world object, both were process-wide and one
+leftover watcher made 151 later tests fail in a CI run.
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
 import hypergrid
-from hypergrid.binding import alarm
-from hypergrid.binding.worldstate import WORLDS
+from hypergrid.errors import FencedError
 
 
-def test_first_a_leftover_watcher_loses_the_store_and_fences_the_process() -> None:
-    alarm.lose_store(RuntimeError("Connection reset by peer"))
-    WORLDS.fence = "left over from a failed test"
-    assert alarm.store_lost("a grid call") is not None and alarm.fenced() is not None
+def _one_rank_world() -> None:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
-def test_then_the_next_test_starts_clean_and_its_grid_works(one_rank_world: None) -> None:
-    assert alarm.store_lost("a grid call") is None and alarm.fenced() is None
+def test_a_fenced_world_with_its_store_lost_leaves_the_next_world_clean() -> None:
+    _one_rank_world()
     grid = hypergrid.HyperCommGrid([1], ["dp"])
-    group = grid.create_pg(["dp"])
-    tensor = torch.ones(1)
-    dist.all_reduce(tensor, group=group)
-    assert tensor.item() == 1.0
-    grid.destroy()
+    old = grid._core.registry.world
+    old.job.lose_store(RuntimeError("Connection reset by peer"))
+    old.alarm.fence("left over from a failed test")
+    with pytest.raises(hypergrid.StoreLostError):
+        grid.create_pg(["dp"])
+    dist.destroy_process_group()
+    _one_rank_world()
+    try:
+        fresh = hypergrid.HyperCommGrid([1], ["dp"])
+        assert fresh._core.registry.world is not old and fresh._core.registry.world.alarm.fenced is None
+        tensor = torch.ones(1)
+        dist.all_reduce(tensor, group=fresh.create_pg(["dp"]))
+        assert tensor.item() == 1.0
+        fresh.destroy()
+        with pytest.raises(FencedError):  # the old world's grid is still fenced: its state is its own
+            old.alarm.check_fence("a call on the old world")
+    finally:
+        dist.destroy_process_group()

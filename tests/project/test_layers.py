@@ -37,7 +37,7 @@ def test_the_checks_find_a_circle_and_an_upward_import() -> None:
 
 
 def test_adapters_use_no_private_member_of_the_grid() -> None:
-    assert {"_guard_round", "_pgs", "_core", "_views"} <= layering.private_grid_members()  # the check sees them
+    assert {"_batch", "_pgs", "_core", "_views"} <= layering.private_grid_members()  # the check sees them
     uses = layering.adapter_private_uses()
     assert not uses, f"compat uses private grid members (use hypergrid.grid.core.GridCore): {uses}"
 
@@ -50,6 +50,35 @@ def test_facets_use_only_the_cores_declared_interface() -> None:
     assert not {"stale_epoch", "view_keys", "call_ledger"} & core  # the front's and the ops' members, not a facet's
     coupling = layering.facet_coupling()
     assert not coupling, "\n".join(coupling)
+
+
+def test_grid_ops_and_compat_use_the_world_their_grid_holds() -> None:
+    """No global world lookup in grid/, ops/ or compat/ but the grid core's one (issue 44)."""
+    planted = {
+        "ops.x": "from hypergrid.agreement.world import current_world\nw = World.current()\nWORLDS.state()",
+        "grid.core": "w = World.current()",
+    }
+    assert layering.world_lookups(planted) == [
+        "hypergrid.ops.x:1 import current_world",
+        "hypergrid.ops.x:2 World.current (only grid.core looks a world up)",
+        "hypergrid.ops.x:3 WORLDS",
+    ]
+    found = layering.world_lookups()
+    assert not found, "\n".join(found)
+
+
+def test_no_slot_of_the_core_is_assigned_outside_its_class() -> None:
+    """A walk of create_pg's dims or shrink's dead reaches torch: nothing binds the core's members at run time."""
+    planted = {
+        "grid.front": "core.create_families = creation.create_families\nsetattr(grid._core, 'x', 1)",
+        "grid.core": "class GridCore:\n    def f(self, core):\n        core.ok = 1",
+    }
+    assert layering.core_slot_writes(planted) == [
+        "hypergrid.grid.front:1 .create_families = ...",
+        "hypergrid.grid.front:2 setattr(core, ...)",
+    ]
+    found = layering.core_slot_writes()
+    assert not found, "\n".join(found)
 
 
 def test_module_level_state_is_the_registry_of_worlds_or_named() -> None:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from hypergrid import GroupExistsError, HyperCommGrid, HyperGridError
-from hypergrid.agreement.world import ensure_watching
+from hypergrid.agreement.world import World
 
 
 def _allreduce_rank(group: Any) -> int:
@@ -194,7 +194,7 @@ def dead_rank_during_creation(victim: int, how: str, guard_timeout_s: float) -> 
     if dist.get_rank() == victim:
         if how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        ensure_watching()  # its watcher answers the world's roll calls: alive, so never named dead
+        World.current().join()  # (its grid joined already) its watcher answers roll calls: alive, never named dead
         # Alive but absent until every other rank has its outcome (at most twice the timeout and 5 s).
         store.wait(["test/absent/others-done"], datetime.timedelta(seconds=guard_timeout_s * 2 + 5))
         return "stayed away"

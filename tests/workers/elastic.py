@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hypergrid import HyperCommGrid
-from hypergrid.binding.reform import current_epoch
+from hypergrid.agreement.world import World
 from hypergrid.errors import HyperGridError, RankFailure
 
 FEATURES, BATCH, LR = 8, 12, 0.05
@@ -157,7 +157,7 @@ def absent_survivor(timeout_s: float, shrink_timeout_s: float) -> dict[str, Any]
     rank = dist.get_rank()
     if rank == 3:
         os._exit(1)
-    store = current_epoch().base_store  # the job's first store: it outlives the world the shrink forms
+    store = World.current().base_store  # the job's first store: it outlives the world the shrink forms
     survivors = [r for r in range(dist.get_world_size()) if r not in (3, 5)]
     if rank == 5:  # alive, but never calls shrink, until every survivor is through it; then gone without a word
         with contextlib.suppress(RuntimeError):  # the wait's own bound passed: gone anyway

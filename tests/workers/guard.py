@@ -15,7 +15,7 @@ import hypergrid.grid.batch
 from benchmarks.guard import CountingStore
 from hypergrid import HyperCommGrid
 from hypergrid.agreement import protocol
-from hypergrid.agreement.liveness import done_key
+from hypergrid.agreement.liveness import done_key, members_key, world_keys
 from tests.workers.basic import _allreduce_rank, _outcome
 
 
@@ -107,11 +107,12 @@ class _Lines(logging.Handler):
 def _left(store: Any, baseline: int) -> int:
     """Keys above ``baseline`` once every rank got here, counted before any rank goes on.
 
-    The world's ``done`` (the number of its last roll call that every rank read: one key per world, which stays
-    while the world lives) is not counted: `store_hygiene` says whether it is there.
+    The world's own keys (its ``done``, the number of its last roll call that every rank read, and who is in its
+    watch: `hypergrid.agreement.liveness.world_keys`), which stay while a grid holds the world, are not counted:
+    `store_hygiene` says whether they are there at the end.
     """
     dist.barrier()
-    keys = int(store.num_keys()) - baseline - int(store.check([done_key(0)]))
+    keys = int(store.num_keys()) - baseline - sum(int(store.check([key])) for key in world_keys(0))
     dist.barrier()
     return keys
 
@@ -174,7 +175,8 @@ def store_hygiene(creations: int) -> dict[str, Any]:
     out["after_next_success"] = _left(store, baseline)
     slow.destroy()
     out["after_final_destroy"] = _left(store, baseline)
-    out["done_kept"] = bool(store.check([done_key(0)]))  # the timed-out rounds' roll calls: the world's one key
+    # No grid holds the world any more: every rank left its watch, the last deleting the world's keys.
+    out["world_keys"] = [key for key in (done_key(0), members_key(0)) if store.check([key])]
     return out
 
 

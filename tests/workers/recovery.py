@@ -23,10 +23,8 @@ from torch.distributed import distributed_c10d as c10d
 import hypergrid.grid.recovery
 from hypergrid import HyperCommGrid
 from hypergrid.agreement.diagnosis import announce_key
-from hypergrid.agreement.world import current_world
-from hypergrid.binding.reform import current_epoch
+from hypergrid.agreement.world import World
 from hypergrid.errors import HyperGridError, RankFailure
-from hypergrid.grid.elastic import Elastic
 
 #: Production-like: a collective waits this long before torch gives up on its own.
 GROUP_TIMEOUT = datetime.timedelta(seconds=600)
@@ -45,7 +43,7 @@ def _grid(tp: int = 2) -> Any:
 
 def _base() -> Any:
     """The job's first store (it outlives every world a shrink forms)."""
-    return current_epoch().base_store
+    return World.current().base_store
 
 
 def _die(how: str) -> None:
@@ -91,11 +89,9 @@ class KeyRecorder:
 
                 setattr(cls, name, record)
 
-    def left(self, base: Any) -> list[str]:
+    def left(self, base: Any, busy: Any) -> list[str]:
         """The keys written that are still in their store; ``base`` (the main thread's connection to the job's
-        store) looks up those written through the watcher's own connection, which is blocked in its wait."""
-        world = current_world()
-        busy = None if world is None else world._link
+        store) looks up those written through ``busy``, the watcher's own connection, which is blocked in its wait."""
         return sorted({key for store, key in self.written if (base if store is busy else store).check([key])})
 
 
@@ -126,7 +122,7 @@ def sigkill_in_a_step(victim: int, steps: int = 3, at: int = 1) -> dict[str, Any
             out["regrid"] = {"dead": list(regrid.dead), "retired": regrid.retired, "attempts": regrid.attempts}
             out["seconds"] = dict(regrid.seconds)
             if regrid.retired:
-                return _left_behind(out, keys, old_store, base)
+                return _left_behind(out, keys, old_store, base, None)
             grid = regrid.grid
             out["first"] = _step(grid)
             out["recovered_s"] = time.time() - _died_at(victim)
@@ -136,14 +132,14 @@ def sigkill_in_a_step(victim: int, steps: int = 3, at: int = 1) -> dict[str, Any
     dist.barrier()
     if dist.get_rank() == 0:
         _base().set("test/done", "1")
-    return _left_behind(out, keys, old_store, base)
+    return _left_behind(out, keys, old_store, base, grid._core.registry.world._link)
 
 
-def _left_behind(out: dict[str, Any], keys: KeyRecorder, old_store: Any, base: Any) -> dict[str, Any]:
+def _left_behind(out: dict[str, Any], keys: KeyRecorder, old_store: Any, base: Any, busy: Any) -> dict[str, Any]:
     """Once every survivor destroyed its grid: the hypergrid keys still stored (none may be)."""
     base.wait(["test/done"])
     out["written"] = len({key for _, key in keys.written})
-    out["left"] = keys.left(base)
+    out["left"] = keys.left(base, busy)
     out["stored"] = sorted(key for key in base.list_keys() if key.startswith("hypergrid/"))  # torch's keys too
     out["announcements"] = [r for r in range(8) if old_store.check([announce_key(r)])]
     return out
@@ -212,26 +208,26 @@ def _arm(point: str) -> None:
 
         membership.MembershipRound.arrive = arrive_then_die  # type: ignore[method-assign]
     elif point == "teardown":
-        real_abort = HyperCommGrid.abort
+        real_abort = recovery.abort_groups
 
-        def abort_then_die(self: Any) -> None:
-            real_abort(self)
+        def abort_then_die(*args: Any) -> None:
+            real_abort(*args)
             _die("exit")
 
-        HyperCommGrid.abort = abort_then_die  # type: ignore[method-assign]
+        recovery.abort_groups = abort_then_die  # type: ignore[attr-defined]
     elif point == "reform":
         recovery.reform_world = die  # type: ignore[attr-defined]
     elif point == "recreate":
-        Elastic.recreate = die  # type: ignore[method-assign]
+        recovery.recreate = die  # type: ignore[attr-defined]
     elif point == "handshake":  # publishes its address for a family's group, dies before connecting to anyone
-        real_recreate = Elastic.recreate
+        real_recreate = recovery.recreate
 
-        def recreate(self: Any, *args: Any) -> None:
+        def recreate(*args: Any) -> None:
             c10d.ProcessGroupGloo = lambda store, *rest, **options: real_gloo(_DyingStore(store), *rest, **options)
-            real_recreate(self, *args)
+            real_recreate(*args)
 
         real_gloo = c10d.ProcessGroupGloo
-        Elastic.recreate = recreate  # type: ignore[method-assign]
+        recovery.recreate = recreate  # type: ignore[attr-defined]
     elif point == "step":  # dies where the others wait in the new world's first all-reduce
         recovery.Recovery.agree_step = die  # type: ignore[method-assign]
     elif point == "stop":  # stopped there instead (its connections stay open): resumed once every survivor is done

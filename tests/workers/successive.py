@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from hypergrid import HyperCommGrid
-from hypergrid.binding.reform import current_epoch
+from hypergrid.agreement.world import World
 from hypergrid.errors import RankFailure
 
 #: Production-like: a collective waits this long before torch gives up on its own.
@@ -49,7 +49,7 @@ def _step(grid: Any) -> float:
 def _footprint(grid: Any) -> dict[str, Any]:
     """What a leak grows, once every rank of the world finished its round (a barrier on the world's grid)."""
     _step(grid)  # every rank is past its shrink and its first step: no roll call or commit is in flight
-    base = current_epoch().base_store
+    base = World.current().base_store
     threads = sorted(thread.name for thread in threading.enumerate() if thread.name.startswith("hypergrid"))
     ours = sorted(key for key in base.list_keys() if key.startswith("hypergrid/"))
     return {"threads": threads, "fds": len(os.listdir("/proc/self/fd")), "keys": base.num_keys(), "ours": ours}

@@ -25,8 +25,7 @@ from hypergrid import Bridge, HyperCommGrid, HyperGridError, RankFailure
 from hypergrid.agreement import diagnosis
 from hypergrid.agreement.liveness import ended_key, wake_key
 from hypergrid.agreement.watcher import Watcher
-from hypergrid.agreement.world import close_all
-from hypergrid.binding.reform import current_epoch
+from hypergrid.agreement.world import World
 
 #: Production-like bounds: no wait of these tests may end by them.
 GUARD_TIMEOUT_S = 300.0
@@ -41,7 +40,7 @@ def _grid(shape: list[int], names: list[str], offset: int = 0, spares: int = 0) 
 
 def _store() -> Any:
     """The job's store at its root (the test's own keys live there, whatever the world)."""
-    return current_epoch().base_store
+    return World.current().base_store
 
 
 def _meet(name: str, ranks: list[int]) -> None:
@@ -120,7 +119,7 @@ def verdicts_in_guard_rounds() -> dict[str, Any]:
             raise RuntimeError("the training step failed")
         except RuntimeError as error:
             sys.last_value = error  # what the interpreter sets for an uncaught error, before its exit handlers
-        close_all()  # the exit handler
+        World.current()._at_exit()  # the exit handler
         os._exit(1)
     try:
         grid.create_pg("tp-dp")
