@@ -375,7 +375,7 @@ def run(sizes: list[int], processes: int, connections: int, repeats: int) -> lis
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--participants", default="1024,16384", help="comma-separated live ranks (131072: see docs/elastic.md)"
+        "--participants", default="1024,16384", help="comma-separated live ranks (131072: see docs/design/rollcall.md)"
     )
     parser.add_argument("--processes", type=int, default=4, help="simulating processes (default 4)")
     parser.add_argument("--connections", type=int, default=256, help="sockets in all (default 256)")

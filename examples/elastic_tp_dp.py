@@ -13,7 +13,8 @@ grid, agrees on the step to resume from (the lowest any survivor was in: a
 collective that did not involve the dead rank may have let some replicas finish
 the step) and puts the model and the optimizer of every rank at that step's
 start. With ``--spares K`` the last K ranks wait in ``grid.standby``; a drafted
-spare gets the state from a replica of its tp shard. The loop ends with a
+spare gets the state from a replica of its tp shard and says so (its new rank
+and coordinates, the agreed step). The loop ends with a
 barrier over the whole grid, inside the same ``try``, so that nobody leaves
 while another still recovers.
 
@@ -195,6 +196,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             return {**outcome, "spare": "released"}
         grid, step = regrid.grid, regrid.step
         outcome.update(resumed=[step], dead=list(regrid.dead))
+        if not args.quiet:
+            me = grid.my_coord()
+            print(f"rank {first_rank}: spare drafted as rank {dist.get_rank()} (tp {me.tp}, dp {me.dp}) in place of"
+                  f" dead {list(regrid.dead)}; resuming at step {step} on {dict(zip(grid.dim_names, grid.shape))}",
+                  flush=True)  # fmt: skip
     while step <= args.steps:  # step == steps: the finish line, crossed together
         try:
             snapshots.take(step)  # this step's start

@@ -64,6 +64,7 @@ def parser() -> argparse.ArgumentParser:
         "Every torchrun flag works as under torchrun. See docs/launcher.md.",
         parents=[get_args_parser()],
         conflict_handler="resolve",  # torchrun's -h/--help gives way to ours
+        allow_abbrev=False,  # a misspelled flag (--nproc-per-nod) is refused, never taken for another
     )
     ours = result.add_argument_group("hypergrid.run")
     ours.add_argument(

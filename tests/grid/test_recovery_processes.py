@@ -3,7 +3,7 @@
 Each scenario kills (SIGKILL, ``os._exit``) or stops (SIGSTOP) a rank at a
 point and checks what EVERY survivor saw, under a hard wall-clock limit. The
 bounds asserted are far below the 600 s group timeout, not timing claims: the
-figures are in ``benchmarks/elastic.py`` and docs/elastic.md.
+figures are in ``benchmarks/elastic.py`` and docs/design/recovery.md.
 """
 
 from __future__ import annotations

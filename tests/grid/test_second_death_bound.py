@@ -5,7 +5,7 @@ rank 3 SIGKILLed in a step, rank 5 ``os._exit`` at moments spread over its own
 shrink; every survivor of the new grid must get the right all-reduce, and the
 slowest must be done within the documented bound of the second death (a few
 seconds more allowed for this loaded 2-core box). The 20-run figures are in
-docs/elastic.md (``python benchmarks/elastic.py --second-death 20``).
+docs/design/recovery.md (``python benchmarks/elastic.py --second-death 20``).
 """
 
 from __future__ import annotations

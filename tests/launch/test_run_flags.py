@@ -165,6 +165,16 @@ def test_a_store_hosted_by_worker_rank_0_is_refused(
     assert "does not share its store with the workers" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["--nproc-per-nod", "1"], ["--nproc-per-nod=1"], ["--min-heal", "1"]])
+def test_an_abbreviated_flag_is_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse would take ``--nproc-per-nod`` for ``--nproc-per-node``: a misspelling must not pass silently."""
+    assert main(["--standalone", *argv, SCRIPT]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and captured.out == "", captured
+    assert lines[0].startswith("error: hypergrid.run: unrecognized arguments: ") and argv[0] in lines[0], lines[0]
+
+
 @pytest.mark.processes
 def test_the_real_command_prints_one_line_and_no_traceback() -> None:
     for argv in (["--nproc-per-node", "abc", SCRIPT], ["--max-restarts", "x", SCRIPT]):
@@ -174,6 +184,15 @@ def test_the_real_command_prints_one_line_and_no_traceback() -> None:
         assert done.returncode == 2, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
         assert argv[0] in done.stderr and argv[1] in done.stderr
+
+
+@pytest.mark.processes
+def test_the_real_command_refuses_an_abbreviation_in_one_line() -> None:
+    """Issue 45's case as a user types it: exit 2, one line, nothing started."""
+    argv = [sys.executable, "-m", "hypergrid.run", "--standalone", "--nproc-per-nod", "1", SCRIPT]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.strip() == "error: hypergrid.run: unrecognized arguments: --nproc-per-nod (see --help)"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, 'gpu' counts the GPUs")

@@ -22,6 +22,14 @@ def test_the_markers_are_well_formed_and_the_bridge_script_is_marked() -> None:
     assert found["docs/migrate/torchtitan.md"].needs == ("torchtitan",)
 
 
+def test_the_elastic_page_opens_with_its_quick_start_run_under_the_launcher() -> None:
+    """docs/elastic.md's first script is the quick start, run as a user runs it (issue 45)."""
+    text = (snippets.ROOT / "docs" / "elastic.md").read_text(encoding="utf-8")
+    (quick,) = snippets.parse("docs/elastic.md", text)
+    assert quick.line == text.splitlines().index("```python") + 1, "the quick start should be the page's first script"
+    assert quick.nproc > 1 and "spares=" in quick.source and "grid.shrink(" in quick.source
+
+
 @pytest.mark.parametrize(
     ("page", "problem"),
     [
