@@ -4,7 +4,7 @@ torch reports a dead peer in many shapes: NCCL's ``DistBackendError`` (a
 communicator aborted, a remote error), a store's ``DistNetworkError``, and
 gloo's plain ``RuntimeError`` ("Connection closed by peer", "Timed out
 waiting ... for recv": gloo gives no structured signal, so its words are
-read; docs/elastic.md's table of what decides what). `peer_failures` wraps one
+read; docs/elastic.md's timing constants say what decides what). `peer_failures` wraps one
 torch call and turns those into ``hypergrid.errors.RankFailure`` (torch's error
 kept as ``__cause__``), so a training loop catches one exception and calls
 ``grid.shrink``. Errors that are not about a peer pass through unchanged.

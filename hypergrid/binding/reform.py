@@ -9,11 +9,11 @@ outlive every worker: ``hypergrid.spawn`` hosts it in the parent process and
 torchrun in its agent; a ``TCPStore`` hosted by rank 0 dies with rank 0.
 
 On a backend that can shrink (`can_shrink`: NCCL's ``shrink_group``), a shrink that keeps the survivors in their
-old order shrinks the default communicator instead; docs/elastic.md ("NCCL's shrink_group") says when.
+old order shrinks the default communicator instead; docs/design/recovery.md says when.
 
 torch's rendezvous keys under that prefix, which torch never deletes, are deleted once a new world committed: the
 member that completed the commit lists them while every member waits there (`world_keys`) and deletes that list
-(`forget_keys`); docs/elastic.md says why the list is taken at the commit.
+(`forget_keys`); docs/design/recovery.md says why the list is taken at the commit.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ rendezvous round, under ``hypergrid/run/<restart>/``:
   waiting, and they fall back together (restart every worker, or stop them
   and fail).
 
-Store operations: docs/launcher.md ("How the agents count"); none per monitoring tick.
+Store operations: docs/design/launcher.md ("Counting failures across agents"); none per monitoring tick.
 """
 
 from __future__ import annotations
