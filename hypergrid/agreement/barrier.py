@@ -1,30 +1,11 @@
 """A phase every rank of a set must reach, its outcome decided once: all passed, or it failed (and who is dead).
 
-`Barrier` is what closes a collective step that torch cannot make atomic:
-the commit after group creation (every participant has its groups before any
-goes on) and the phases of ``shrink`` (every survivor is ready before the new
-world forms; every survivor has its families before the new grid is handed
-out). The outcome is written once with ``compare_set``, so two ranks never see
-different outcomes: a rank that reaches the barrier after the others gave up
-(stopped by SIGSTOP, say, and resumed) gets the failure too, never success.
-
-Keys under the barrier's prefix ``P``: ``P/count`` (arrivals, then reads of
-``ok``), ``P/verdict`` (``ok``, or the failure as JSON) and, after a failure,
-``P/read`` (live members that read it). Per rank: one ``add``, one ``wait``
-and one read, one more ``add`` once read; the rank whose arrival completes
-the count writes ``ok`` instead of waiting; the last reader deletes the keys. A *lingering* barrier
-(the guard's commit) skips the second ``add``: its caller deletes the keys when
-every member is known to have read the outcome. (A member declared
-dead that comes back later, resumed after SIGSTOP, gets the failure; the one
-or two keys its late arrival writes are left behind.)
-
-While the others are awaited, the first two ranks to arrive ask a liveness
-probe (the world's watcher, `hypergrid.agreement.watcher`) every
-`probe_every_s` who is dead, on a thread of their own (`Prober`): a member
-found dead fails the barrier at once, through a second store connection, which
-wakes every waiting member. Without a probe, or when every missing member is
-alive, the barrier fails at its deadline. Waits do not time out on the success
-path (torch logs every store wait that does).
+`Barrier` closes a collective step that torch cannot make atomic: the commit after group creation and the phases
+of ``shrink``. The outcome is written once with ``compare_set``, so two ranks never see different outcomes: a rank
+that reaches the barrier after the others gave up (stopped by SIGSTOP, say, and resumed) gets the failure too,
+never success. `Prober` asks the world's roll call who is dead while the others are awaited; `Vigil` ends a
+shrink's attempt that waits inside torch once a member is found dead. Keys and costs: docs/design/recovery.md
+("Barriers").
 """
 
 from __future__ import annotations
@@ -203,9 +184,8 @@ class Barrier:
 class Prober:
     """A thread that asks ``probe`` every ``period_s`` who is dead and hands a non-empty answer to ``on_dead``.
 
-    ``on_dead(found)`` returns True when it acted (the prober then ends); it
-    never runs after `stop` returned, so a prober cannot write into a step that
-    has ended (a lock orders the two).
+    ``on_dead(found)`` returns True when it acted (the prober then ends); it never runs after `stop` returned, so a
+    prober cannot write into a step that has ended (a lock orders the two).
     """
 
     def __init__(
@@ -242,16 +222,11 @@ class Prober:
 class Vigil:
     """A step whose members wait inside torch, where no wait of ours listens: a member found dead ends it at once.
 
-    What ``shrink`` keeps while it forms a new world (the default group, the
-    families, the step's all-reduce): a member that dies there would leave
-    the others in torch's rendezvous (its timeout) or in a collective of the
-    new world, which nothing probes yet (the group's timeout, minutes). Every
-    member listens to its liveness (``watch``: the old world's watcher's
-    `hypergrid.agreement.watcher.Watcher.on_dead`): once a roll call's verdict
-    names a member dead, every member's waits there end (``end``: the forming
-    world's alarm sounds, torch's groups' connections are severed) and `check`
-    raises; the first two members (``probe`` given) ask the roll call every
-    ``period_s`` meanwhile (`Prober`), as a barrier's first two arrivals do.
+    What ``shrink`` keeps while it forms a new world (the default group, the families, the step's all-reduce).
+    Every member listens to the old world's watcher (``watch``: `hypergrid.agreement.watcher.Watcher.on_dead`):
+    once a verdict names a member dead, every member's waits there end (``end``) and `check` raises; the first two
+    members (``probe`` given) ask the roll call every ``period_s`` meanwhile (`Prober`). docs/design/recovery.md
+    ("Attempts: forming the new world").
 
     Args:
         watch: registers a callback run with every rank found dead so far, at each verdict naming dead ranks;

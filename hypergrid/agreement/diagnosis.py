@@ -1,17 +1,10 @@
 """Why a guard round does not end: who is missing, where they are, who stopped answering.
 
-Read only on the slow paths of `hypergrid.agreement.protocol.Round` (a round
-still open after its probe time, or past its timeout), so the success path keeps
-its O(1) store operations per participant.
-
-Every participant announces, as it arrives, where it is: one key per rank,
-``hypergrid/guard/at/<rank>``, holding the round's prefix, its participants (as
-runs) and the request. A rank missing from a round is *waiting elsewhere* when
-its announced round is still open (no verdict) and that round itself waits for
-a rank that arrived here: each of the two waits for the other, which no order
-of arrivals can resolve. That proves the ranks are out of step (or asked for
-different strategies, whose rounds have different participants) without waiting
-for the timeout.
+Read only on the slow paths of `hypergrid.agreement.protocol.Round` (a round still open after its probe time, or
+past its timeout), so the success path keeps its O(1) store operations per participant. A rank announces where it
+waits (`announce_key`); `waiting_elsewhere` finds the missing ranks stuck in another open round that waits for a
+rank here. Also the store reads and waits the agreement shares (`read`, `wait_for`, `get_until`). How a stuck
+round is told apart: docs/design/reliability.md ("The guard round").
 """
 
 from __future__ import annotations
@@ -145,13 +138,12 @@ FOREVER = datetime.timedelta(days=7)
 def wait_for(store: Any, key: str, deadline: float, stop: Callable[[], bool] | None = None, waker: Any = None) -> bool:
     """Wait until ``key`` exists (True) or ``deadline`` (``time.monotonic()``) passes (False).
 
-    torch's store client can return from ``wait`` without the key when its
-    timeout ends as another client writes: each return is checked. ``stop``:
-    False as soon as it says so after a return (`read` of the absent key, from
-    another connection, makes the wait return: `hypergrid.agreement.liveness.Incident.interrupt`).
-    ``waker``: a connection other than ``store``'s; the wait then does not time out (torch would log it): at the
-    deadline a timer reads the absent key through ``waker``, which ends the wait of every waiter of that key (for a
-    key few wait on: the others look again and wait on).
+    torch's store client can return from ``wait`` without the key when its timeout ends as another client writes: each
+    return is checked. ``stop``: False as soon as it says so after a return (`read` of the absent key, from another
+    connection, makes the wait return: `hypergrid.agreement.liveness.Incident.interrupt`). ``waker``: a connection other
+    than ``store``'s; the wait then does not time out (torch would log it): at the deadline a timer reads the absent key
+    through ``waker``, which ends the wait of every waiter of that key (for a key few wait on: the others look again and
+    wait on).
     """
     while (left := deadline - time.monotonic()) > 0:
         timer = None if waker is None else threading.Timer(left, _wake, (waker, key))
@@ -204,10 +196,9 @@ def get_until(store: Any, key: str, until: float, stop: Callable[[], bool] | Non
 def await_value(store: Any, key: str, until: float, stop: Callable[[], bool] | None = None) -> bytes | None:
     """``key``'s value once it exists, or None at ``until`` (``time.monotonic()``): one ``wait``, one read.
 
-    For a key whose arrival ends a wait (a verdict): the read that follows is
-    needed anyway, so a success costs two operations; a return of torch's
-    ``wait`` without the key is checked, as in `wait_for`. ``stop``: None as
-    soon as it says so after a return (a `read` of the absent key wakes the wait).
+    For a key whose arrival ends a wait (a verdict): the read that follows is needed anyway, so a success costs two
+    operations; a return of torch's ``wait`` without the key is checked, as in `wait_for`. ``stop``: None as soon as it
+    says so after a return (a `read` of the absent key wakes the wait).
     """
     while True:
         left = until - time.monotonic()
@@ -245,11 +236,10 @@ def waiting_elsewhere(
 ) -> tuple[dict[int, Announcement], Verdict | None]:
     """The missing ranks (up to `SHOWN`) stuck in another round because of this one, and its verdict if any.
 
-    A missing rank is stuck when its announced round is open and waits for a
-    rank that arrived here (each round waits for the other), or when that round
-    already ended with a mismatch or out-of-step verdict about ``digest`` (this
-    round's request: the other round found us first). That verdict is returned
-    too: both rounds must end with the same one.
+    A missing rank is stuck when its announced round is open and waits for a rank that arrived here (each round waits
+    for the other), or when that round already ended with a mismatch or out-of-step verdict about ``digest`` (this
+    round's request: the other round found us first). That verdict is returned too: both rounds must end with the same
+    one.
 
     Args:
         store: the guard's store.

@@ -1,42 +1,12 @@
 """The consistency guard: the ranks of a collective creation agree before any of them waits in torch.
 
-Group creation is collective: every participating rank must ask for the same
-families, on the same grid, with the same strategy and options, at the same
-point of its creation sequence. When they do not, torch waits until its timeout
-(or forever). The guard makes that a clear error on every participant instead:
-a `DesyncError` naming the distinct requests and the ranks that sent each, or
-a `GuardTimeoutError` naming the ranks that did not arrive.
-
-One guard round runs before each ``create_pg`` and each ``create_pgs`` (one
-round for the whole batch), through the default group's store
-(``torch.distributed.distributed_c10d._get_default_store()``, looked up at each
-call). The protocol is `hypergrid.agreement.protocol.Round`: 4 store operations
-per participant on the success path, whatever the number of participants. After
-torch created the groups, the participants commit (`settle`: 2 or 3 operations
-each) and delete what every one of them has read, one key per participant at
-most (`_tidy`): a creation costs at most 8 operations on any rank. The last
-commit's verdict of each scope stays until the next commit or ``destroy()``
-(`GuardLedger.release`). A waiting rank logs a warning on the
-``"hypergrid"`` logger every ``progress_s`` seconds (the first after
-``min(progress_s, timeout_s / 4)``).
-
-Rounds are keyed by where they stand in one grid's life, never by a counter of
-rounds: ``hypergrid/guard/<grid>/e<epoch>/<sequence>`` for a world-collective
-creation (strategies ``enumerate`` and ``split``), with ``/m<members>`` added for
-a members-only one (``local``). ``<grid>`` is a hash of the grid's description
-and its *ordinal* (how many grids of that description this rank built on its
-worlds before it: a grid built before ``init_process_group`` takes it at its
-first creation, so a call refused before then changes nothing),
-``<epoch>`` counts the grid's ``destroy()`` calls and ``<sequence>`` its
-creations since. A rank that skipped or repeated a call, or
-used another grid, is therefore in another round: the round's first arrival
-probes for that (`hypergrid.agreement.diagnosis`) and every participant gets an
-`OutOfStepError` naming what each rank called; ``destroy()`` on every rank of
-the grid starts the next epoch, in step again.
-
-The guard is skipped where there is nobody to disagree with: a group of one
-rank, and torch's ``fake`` backend (one process simulating one rank of a large
-world).
+Group creation is collective: every participating rank must ask for the same families, on the same grid, with
+the same strategy and options, at the same point of its creation sequence; else torch waits until its timeout (or
+forever). The guard makes that a clear error on every participant instead: a `DesyncError` naming the distinct
+requests and the ranks that sent each, an `OutOfStepError`, or a `GuardTimeoutError` naming the ranks that did not
+arrive. `agree` runs one round (`hypergrid.agreement.protocol.Round`) before each ``create_pg`` and each
+``create_pgs``, `settle` commits once torch created the groups, and `GuardLedger` keeps what ``destroy()`` deletes.
+How rounds are keyed, and what they cost: docs/design/reliability.md ("The guard round").
 """
 
 from __future__ import annotations
@@ -312,12 +282,9 @@ def _tidy(
 ) -> None:
     """The commit under ``prefix`` passed: delete what nobody reads any more, one key per member at most.
 
-    Every member read the round's verdict before it committed, and the previous
-    commit of the same scope family before it arrived here: the round's roster
-    and verdict, this commit's count and the previous commit's verdict go, the
-    member that arrived ``i``-th deleting the ``i``-th (and every ``members``-th
-    after it, where there are fewer members than keys). This commit's verdict
-    stays until the next commit of the family passes, or ``destroy()``.
+    The round's roster and verdict, this commit's count and the previous commit's verdict of the same scope family,
+    the member that arrived ``i``-th deleting the ``i``-th (and every ``members``-th after it, where there are fewer
+    members than keys); docs/design/reliability.md ("The guard round").
     """
     round_prefix = prefix.rpartition("/")[0]
     family = round_prefix.rpartition("/")[0]

@@ -1,20 +1,11 @@
 """The world's failure ends the agreement's store waits: a guard round's, a creation commit's.
 
 A guard round (`hypergrid.agreement.protocol.Round`) and a creation's commit
-(`hypergrid.agreement.barrier.Barrier`) block on one store key, their
-outcome. While a rank waits there, the alarm (`hypergrid.binding.alarm`)
-holds what ends the wait (`ended_by_failure`): once the world's roll call
-settles a failure, the rank's watcher writes a failure outcome into that key
-(``compare_set``: the first outcome written stands, so every participant
-reads the same one), through the default group's store as a thread other
-than the main one may use it (`hypergrid.agreement.world.World.default_calls`).
-Every participant then raises ``RankFailure`` naming the dead, within about a
-second of the verdict instead of at the guard's timeout.
-
-`liveness` is the world's roll call as these waits ask it: a waiting
-participant probes it (a peer stopped or cut off is found as in a
-collective), and a round that times out names dead only the ranks it finds
-dead, never a missing rank whose watcher answers.
+(`hypergrid.agreement.barrier.Barrier`) block on one store key, their outcome. While a rank waits there, the alarm
+(`hypergrid.binding.alarm`) holds what ends the wait (`ended_by_failure`): once the world's roll call settles a
+failure, the rank's watcher writes a failure outcome into that key (``compare_set``: the first outcome written
+stands), through `hypergrid.agreement.world.World.default_calls`. `liveness` is the world's roll call as these
+waits ask it. docs/design/reliability.md ("The world's verdict ends a round").
 """
 
 from __future__ import annotations
@@ -44,9 +35,8 @@ def liveness(world: World, participants: Sequence[int]) -> tuple[Callable[[], Se
 def ended_by_failure(world: World, end: Callable[[Any], object]) -> contextlib.AbstractContextManager[None]:
     """While inside, the world's failure runs ``end(store)``: it writes the failure into the key the wait blocks on.
 
-    ``store``: the default group's store for the thread that heard the news
-    (the main thread's connection is blocked in the wait). Nothing where no
-    watcher runs (a world of one, the fake backend).
+    ``store``: the default group's store for the thread that heard the news (the main thread's connection is blocked in
+    the wait). Nothing where no watcher runs (a world of one, the fake backend).
     """
     if world.watcher is None:
         return contextlib.nullcontext()

@@ -1,70 +1,11 @@
 """Who is alive, settled once for the whole world: the roll call behind every failure, O(1) store operations each.
 
-Every rank runs a watcher (`hypergrid.agreement.watcher`) that waits on its
-block's wake key of the world's next *incident*. A rank that sees a failure (a peer's
-connection closed, a collective error, a wait that lasts too long) *calls* the
-incident; every watcher wakes, answers for its rank (even while its main
-thread is blocked in a collective), and the incident closes with a verdict
-that every watcher reads: the ranks that did not answer within the liveness
-bound are dead. Nothing is guessed from timeouts, so a slow rank is never
-declared dead while its watcher answers, and the survivors always agree (one
-``compare_set`` decides the verdict).
-
-Keys of incident ``k`` of world ``w`` (``I = hypergrid/live/<w>/<k>``):
-
-- ``I/call``: ``failure <text>`` or ``probe <text>`` (the first caller wins);
-- ``I/wake/<block>``: what the watchers of `WAKE_BLOCK` consecutive ranks block on (`wake_key`), written by
-  the caller, deleted by the block's lowest live rank (a world's end: by its last reader);
-- ``I/alive``: one line per answer (read only when someone did not answer);
-- ``I/woken``: written by the caller once every block's wake key is (the closers' bound runs from here, and no
-  rank deletes a wake key before it: see `wake_key`);
-- ``I/count``: the answers so far;
-- ``I/verdict``: JSON ``{"kind", "dead", "text"}``, or ``{"kind": "minority", "alive"}``;
-- ``I/read``: how many live ranks read the verdict; the last writes the world's ``done`` (`done_key`), then
-  deletes every key.
-
-An incident closes as soon as every expected rank answered (no one is dead:
-a *failure* still ends the world's collectives, a *probe* changes nothing),
-or at the first closer's deadline (once the liveness bound passed since the
-caller woke every rank and since the last answer, at the latest `bound_s`
-after the closer saw the call), which reads the roster: expected ranks
-missing from it are dead.
-
-**Majority** (`hypergrid.agreement.rollverdict`). A verdict declares the missing ranks dead only when the ranks
-that answered are more than half of the expected ones, or exactly half and
-the lowest expected rank among them. Otherwise the answering ranks are the cut-off
-side: they are told so (``minority``) and fence themselves. A rank that comes back
-after the others moved on (resumed after SIGSTOP, late from a partition)
-therefore never declares the rest of the world dead, whatever it reports.
-
-**Joining and leaving.** A rank joins the world's watch when it first holds a
-grid of the world and leaves it when its world closes (`record_member`:
-``hypergrid/live/<w>/members``). The closer of a roll call that some rank did
-not answer reads that list: a missing rank that never joined is *late* (still
-setting up: never dead), one that left ended normally; only a rank that joined
-and then did not answer is dead. So the last ranks of a job that ends are
-neither fenced nor told that the others died, and a rank slow to build its
-first grid is never declared dead for it.
-
-**Fencing.** A watcher that finds its incident's call or verdict gone after it
-woke while ``done`` says the incident is over (the live ranks read it and
-deleted it without this rank), or itself among the dead, fences its rank
-(`hypergrid.binding.alarm.fence`); woken without a call in an incident not over
-(a neighbour's close woke its block), it waits again. A world that a
-shrink ended keeps one record (`ended_key`: the ranks left behind), read by a
-rank stopped through the whole shrink whenever it resumes.
-
-Per rank and incident, from its wake to its next wait: read the call,
-append, count, wait for the verdict and read it (torch's ``get``), count the
-read, wait on the next incident's wake key: 7 requests, whatever the number of
-ranks, and one more for a block's lowest live rank (it deletes the block's
-wake key). A closer adds its wait for ``I/woken``, its reads of the count
-(at most ``QUIET_READS + 2``, each after the first with a ``check`` of the
-verdict), the reads of the call, the members list and the roster, and the
-verdict; the last reader writes ``done`` and
-deletes the incident's 6 keys and the dead ranks' blocks' wake keys. The
-caller writes one wake key per block, in one ``multi_set`` per `MULTI_SET_KEYS`
-keys.
+An `Incident` is one roll call of a world: a rank that sees a failure calls it (`Incident.call`), every watcher
+(`hypergrid.agreement.watcher`) answers for its rank, and the first two to answer close it with one verdict (one
+``compare_set``, so every survivor reads the same): the ranks that did not answer within the liveness bound
+(`bound_s`) are dead, when those that answered are a majority (`majority`). A rank joins and leaves the world's
+watch with `record_member`; the keys are named in `hypergrid.agreement.rollkeys`. The protocol, its keys, the
+majority, fencing and what each rank pays: docs/design/rollcall.md ("Keys and costs").
 """
 
 from __future__ import annotations
@@ -117,8 +58,7 @@ PER_RANK_S = 1e-4
 BACKUP_S = 5.0
 #: A closer's reads of the answer count per bound (or wake's length) while it waits for the answers to stop.
 QUIET_READS = 10
-#: Wake keys per ``multi_set``: torch 2.13's server parses one in time quadratic in its keys (61 s for 131,072,
-#: its limit). 131,072 keys in chunks of 4,096: 1.13 s; of 1,024: 0.43 s; of 256: 0.31 s (the linear part).
+#: Wake keys per ``multi_set``: torch 2.13's server parses one in time quadratic in its keys (docs/design/rollcall.md).
 MULTI_SET_KEYS = 256
 
 
@@ -176,13 +116,9 @@ class Incident:
     def call(self, kind: str, text: str, wake: Sequence[int] = ()) -> str:
         """Open the incident (unless someone did first) and wake the watchers of ``wake``; the call in force.
 
-        The rank whose call opened the incident writes the wake keys of
-        ``wake``'s blocks (`wake`), then ``I/woken``: every rank is woken, so
-        the closers' bound runs from here (`close`), and a wake key may be
-        deleted (not before: see `wake_key`). Written after the incident
-        ended (every rank answered and read the verdict first), it is deleted
-        again: the last reader deletes the call before ``woken``, so one of the
-        two deletions finds it.
+        The rank whose call opened the incident writes the wake keys of ``wake``'s blocks (`wake`), then ``I/woken``.
+        Written after the incident ended (every rank answered and read the verdict first), ``I/woken`` is deleted
+        again: the last reader deletes the call before ``woken``, so one of the two deletions finds it.
         """
         mine = f"{kind} {text}"
         current: bytes = self.store.compare_set(self.key("call"), "", mine)
@@ -203,10 +139,9 @@ class Incident:
     def answer(self) -> str | None:
         """Answer the roll call for this rank; the call, or None where there is none.
 
-        None when the call is gone (the live ranks read the verdict and deleted
-        it: the world went on without this rank) or was never written (a wake
-        by the rank's own close); an ``end`` call (`end_text`) is returned as
-        it is, unanswered.
+        None when the call is gone (the live ranks read the verdict and deleted it: the world went on without this rank)
+        or was never written (a wake by the rank's own close); an ``end`` call (`end_text`) is returned as it is,
+        unanswered.
         """
         data = diagnosis.read(self.store, self.key("call"))
         if data is not None and not data.startswith(END.encode()):  # an end is not a roll call (`end_text`)
@@ -218,16 +153,10 @@ class Incident:
     def close(self, call: str, seen: float, liveness_s: float | None = None) -> Verdict | None:
         """The verdict: published here when this answer completed the roll call or at the deadline; None if gone.
 
-        The deadline is once ``liveness_s`` passed since the caller woke every rank (``I/woken``, seen by the
-        closers) and since the last answer came in (a loaded store serves answers late), at the latest as long
-        again as the wake took (`_settle`), and at the latest `bound_s` after this rank saw the call at ``seen``
-        (``time.monotonic()``): the fallback where the caller died before it woke them all. So every live rank
-        has at least ``liveness_s`` from its wake to answer, however long the wake took.
-
-        The first two ranks to answer close the roll call at the deadline, reading the answers' count and the
-        verdict without a store wait that times out (torch logs each one); the others wait for the verdict longer
-        (`BACKUP_S` past the fallback) and close it only if both of those died meanwhile. Nothing closes it earlier
-        than the deadline unless every expected rank answered: a rank that answers before it is never named dead.
+        The deadline: ``liveness_s`` after the caller's ``I/woken`` and after the last answer (`_settle`), at the
+        latest as long again as the wake took, and at the latest `bound_s` after ``seen`` (``time.monotonic()``, when
+        this rank saw the call: the fallback where the caller died while it woke the others). The first two ranks
+        to answer close it; the others wait `BACKUP_S` past the fallback and close it only if both of those died.
         """
         kind, _, text = call.partition(" ")
         fallback = seen + bound_s(len(self.expected), liveness_s)
@@ -267,13 +196,10 @@ class Incident:
     def _settle(self, seen: float, fallback: float, liveness: float) -> float:
         """A closer that saw ``I/woken`` just now: when to stop waiting for the verdict (then it publishes one).
 
-        It closes once ``liveness`` passed since the wake's end and since the last answer (between the read that
-        saw the count change and the one that saw it unchanged: the store counted nothing in between), at the
-        latest as long again as the wake took, and ``fallback``. It reads the count `QUIET_READS` times per span of
-        ``liveness`` or of the wake, the longer, each time with a ``check`` of the verdict (a ``compare_set`` read
-        of it would wake its waiters): at most ``2 * QUIET_READS + 1`` reads and as many checks, whatever the
-        ranks. It pauses between reads (torch logs every store wait that times out), so it sees a verdict
-        published meanwhile at its next read.
+        Once ``liveness`` passed since the wake's end and since the last answer (between the read that saw the count
+        change and the one that saw it unchanged), at the latest as long again as the wake took, and ``fallback``:
+        the count read `QUIET_READS` times per span, each with a ``check`` of the verdict (docs/design/rollcall.md,
+        "The closers close once the answers stop").
         """
         woken = time.monotonic()
         cap = min(fallback, woken + liveness + (woken - seen))
@@ -304,10 +230,8 @@ class Incident:
         """This rank read the world's end (`end_text`): count it; the last reader deletes it. The dead.
 
         The last reader deletes the call, the world's ``done`` (a rank the end left behind is fenced by its record,
-        `ended_key`) and every block's wake key of the end: not before every live rank read the end, since a
-        watcher still finishing the previous incident waits on the end's key after the others read it, and not
-        before the caller's ``I/woken`` (or ``deadline``, ``time.monotonic()``: a caller that died while it woke
-        the others; `wake_key`). N / 8 deletes on one rank, once per world.
+        `ended_key`) and every block's wake key of the end, not before the caller's ``I/woken`` (or ``deadline``,
+        ``time.monotonic()``: a caller that died while it woke the others). N / 8 deletes on one rank, once per world.
         """
         dead, readers = json.loads(call[len(END) :])[:2]
         if self.rank in dead:

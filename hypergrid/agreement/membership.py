@@ -1,46 +1,11 @@
 """Agreement on who is gone: the survivors' round behind ``grid.shrink``, O(1) store operations each.
 
-The same family as the guard's round (`hypergrid.agreement.protocol`): one
-count per distinct proposal, a roster line per participant, a verdict written
-by the one whose count completes the round, keys deleted by the participants
-themselves. What differs: the participants are not known up front (the
-proposal says who is dead), and a missing participant is not an error but part
-of the answer.
-
-Keys of one round, under its prefix ``P`` (``hypergrid/elastic/<epoch>``):
-
-- ``P/call``: what the round is (``shrink <proposal>``) or ``release``: spares
-  wait on this key alone (`wait_for_call`);
-- ``P/count/<digest>``: how many survivors made the proposal with that digest;
-- ``P/roster``: ``rank digest [proposal]`` per survivor (the proposal after
-  the first of each digest): read only on the timeout path;
-- ``P/verdict``: ``ok <digest>`` (that proposal stands), or the dead set as JSON;
-- ``P/done`` (success) or ``P/readers`` (timeout): who has read the verdict.
-
-Success path (every survivor proposes the same complete dead set ``D``, so
-``expected - |D|`` of them come): each adds 1 to its proposal's count and
-appends its roster line; the one whose count comes back complete (nobody names
-itself, so a complete count is every rank ``D`` does not name) writes ``ok``
-and deletes the count, the roster and the call; the others wait for the
-verdict, read it and count themselves done, the last deleting the rest. Five
-store operations for most survivors, whatever their number (the first also
-writes the call; the decider deletes three keys).
-
-Otherwise (a dead rank nobody named, proposals that differ) no count
-completes. With a liveness ``probe`` (the world's watcher,
-`hypergrid.agreement.watcher`), the first two survivors of each proposal ask
-it every `probe_period_s` who is dead, on a thread of their own
-(`hypergrid.agreement.barrier.Prober`); as soon as it names a rank the
-proposals did not, that thread reads the roster and publishes the verdict:
-dead = every rank named by some proposal, plus every rank the roll calls
-found dead. A rank that is slow but alive is not in it: it reads the verdict
-when it arrives. Without a probe, or when the ranks that have not arrived are
-all alive, the first survivor whose ``timeout_s`` passes publishes it, with
-every expected rank that did not arrive counted dead as well. A named rank
-that is alive is told it is dead. Proposals that differ in policy, dim or
-families make a ``DesyncError`` on every survivor instead. The last survivor
-to read a verdict deletes every key of the round (a decider that died
-before its clean-up leaves nothing behind).
+The same family as the guard's round (`hypergrid.agreement.protocol`): one count per distinct `Proposal`, a
+roster line per participant, a verdict written by the one whose count completes the round, keys deleted by the
+participants themselves. What differs: the participants are not known up front (the proposal says who is dead),
+and a missing participant is not an error but part of the answer. `MembershipRound` is one survivor's side;
+spares wait for the round's call alone (`wait_for_call`). The keys, the costs and the slow path:
+docs/design/recovery.md ("The membership round").
 """
 
 from __future__ import annotations

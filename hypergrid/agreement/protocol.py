@@ -1,51 +1,11 @@
 """One round of the consistency guard on a store: O(1) store operations per participant.
 
-`hypergrid.agreement.guard` decides who takes part and under which key prefix; this
-module is the protocol itself, one `Round` object per participant and
-round, whose steps (`Round.arrive`, `Round.decide`,
-`Round.await_verdict`) can be driven one at a time, so a benchmark can
-play many participants over a few store connections.
-
-Keys of one round, under its prefix ``P``:
-
-- ``P/count/<digest>``: how many participants sent the request with that digest;
-- ``P/roster``: one line per participant (``rank digest``), the first line of
-  each digest followed by the request itself: diagnosis needs no other key;
-- ``P/verdict``: ``ok``, or the failure as JSON;
-- ``P/alive``: on slow rounds only, the ranks still waiting (a roll call);
-- ``P/timeouts``: on failed rounds only, how many participants gave up.
-
-A participant adds 1 to the count of its request's digest and appends its
-roster line. The one whose add makes the count N, the *decider*, knows that
-every participant sent the same request: it writes ``P/verdict`` (one
-``compare_set``: a failure published first stands) and deletes the count. The
-others wait for ``P/verdict`` and read it. Per participant that is 4 store
-operations (count, roster, wait, read; the decider: count, roster, publish,
-delete), whatever the number of participants. The roster and the verdict stay
-for the commit that follows the creation (`hypergrid.agreement.guard.settle`),
-whose members delete them once every participant has read the verdict.
-
-Where the requests differ, no count reaches N and nobody decides at once: the
-first participant of each request, probing the round at its probe time
-(`probe_s`: 1 s, at most a quarter of the timeout), finds every participant in
-the roster and publishes the mismatch. A participant announces where it is
-under ``hypergrid/guard/at/<rank>`` (one key per rank, overwritten; see
-`hypergrid.agreement.diagnosis`) only when its round is slow: after half its
-probe time, and before it probes or gives up; a round that ends in time costs
-no announcement.
-
-Slow paths: the first participant of a request probes a round that is still
-open after its probe time (and at every progress line) for a complete roster
-with differing requests, and for ranks waiting in another open round that
-waits for a rank here; it ends the round with a mismatch or out-of-step
-verdict naming both. Waiters mark themselves alive at their first progress
-line. A participant whose timeout passes reads the roster, names the missing
-ranks (and where they last were) and publishes that verdict; whichever is
-published first, the decider's or a timeout's, stands for everyone. If no
-verdict came within the timeout plus a grace, the participants' roll call names
-the ones that stopped answering. A rank that reads a verdict decided about
-another request than its own is out of step, and is told so about its own
-request.
+`hypergrid.agreement.guard` decides who takes part and under which key prefix; this module is the protocol
+itself, one `Round` object per participant and round, whose steps (`Round.arrive`, `Round.decide`,
+`Round.await_verdict`) can be driven one at a time, so a benchmark can play many participants over a few store
+connections. Each participant counts its request's digest and appends its roster line; the one whose count makes
+N (the *decider*) publishes the verdict, the others wait for it. The keys, the costs and the slow paths:
+docs/design/reliability.md ("The guard round").
 """
 
 from __future__ import annotations

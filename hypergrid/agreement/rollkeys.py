@@ -1,14 +1,8 @@
 """Where the roll call (`hypergrid.agreement.liveness`) keeps its state in the store: the key of each thing.
 
-Keys of world ``w`` (``hypergrid/live/<w>``) and of its incident ``k`` (``I = hypergrid/live/<w>/<k>``):
-
-- ``I/call``, ``I/woken``, ``I/alive``, ``I/count``, ``I/verdict``, ``I/read``: the incident
-  (`hypergrid.agreement.liveness`);
-- ``I/wake/<block>``: what the watchers of the block's ranks block on (`wake_key`: one key per `WAKE_BLOCK`
-  consecutive ranks);
-- ``hypergrid/live/<w>/done``: the last incident whose every live rank read its verdict (`done_key`);
-- ``hypergrid/live/<w>/members``: who joined the world's watch and who left it (`members_key`), and its count;
-- ``hypergrid/live/<w>/ended``: the ranks a shrink left behind (`ended_key`).
+Keys of world ``w`` live under ``hypergrid/live/<w>`` (`PREFIX`), those of its incident ``k`` under
+`incident_prefix` (``hypergrid/live/<w>/<k>``); the table of every key is in docs/design/rollcall.md
+("Keys and costs").
 """
 
 from __future__ import annotations
@@ -32,9 +26,8 @@ __all__ = [
 
 PREFIX = "hypergrid/live"
 
-#: Consecutive ranks whose watchers share one wake key: a node's GPUs in torchrun's numbering. A roll call writes
-#: one key per block (16,384 at 131,072 ranks); a rank whose world closes wakes its block's other watchers, which
-#: look once and wait again (`hypergrid.agreement.watcher.Watcher.halt`).
+#: Consecutive ranks whose watchers share one wake key: a node's GPUs in torchrun's numbering (a roll call writes one
+#: key per block; a closing world's watcher wakes its block's others, `hypergrid.agreement.watcher.Watcher.halt`).
 WAKE_BLOCK = 8
 
 #: The call that ends a world (its ranks moved to the next one): ``end [dead, readers]``.
@@ -44,9 +37,8 @@ END = "end "
 def end_text(dead: Sequence[int], world_size: int, caller: int | None = None) -> str:
     """The call that ends a world of ``world_size`` ranks whose ``dead`` were left behind.
 
-    Every other rank's watcher reads it once (the last deletes it); a rank it
-    names fences itself. ``caller`` makes each survivor's end differ: only the
-    one whose end opened the incident wakes the watchers (a second wake would stay).
+    Every other rank's watcher reads it once (the last deletes it); a rank it names fences itself. ``caller`` makes each
+    survivor's end differ: only the one whose end opened the incident wakes the watchers (a second wake would stay).
 
     Examples:
         >>> end_text([3], 8), end_text([3], 8, caller=0)
@@ -58,12 +50,9 @@ def end_text(dead: Sequence[int], world_size: int, caller: int | None = None) ->
 def members_key(world: int) -> str:
     """The key that says who joined world ``world``'s watch (``+<rank>`` lines) and who left it (``-<rank>``).
 
-    A rank joins when it first holds a grid of the world, and leaves when its
-    world closes (its last grid's ``destroy()``, ``destroy_process_group()``,
-    exit); it may join again. A roll call names dead only a rank whose last
-    line is a join: one that never joined is *late* (never dead), one that
-    left is gone normally. ``<key>-count`` counts joins minus leaves: the rank
-    that brings it back to 0 deletes the world's keys.
+    A rank joins when it first holds a grid of the world and leaves when its world closes; it may join again.
+    ``<key>-count`` counts joins minus leaves: the rank that brings it back to 0 deletes the world's keys. Who a
+    roll call names dead, late or gone: docs/design/rollcall.md ("Joining, and late ranks").
 
     Examples:
         >>> members_key(0)
@@ -88,9 +77,8 @@ def member_status(data: bytes | None) -> dict[int, bool]:
 def ended_key(world: int) -> str:
     """The record that world ``world`` ended, and who was left behind (JSON list): a key that stays.
 
-    Written by the survivors before the end's call, deleted by the next shrink's
-    commit or the destroy of the grid the shrink made: a rank stopped through
-    the whole shrink reads it whenever it resumes, and fences itself.
+    Written by the survivors before the end's call, deleted by the next shrink's commit or the destroy of the grid
+    the shrink made: a rank stopped through the whole shrink reads it whenever it resumes, and fences itself.
 
     Examples:
         >>> ended_key(0)
@@ -102,11 +90,9 @@ def ended_key(world: int) -> str:
 def done_key(world: int) -> str:
     """The number of world ``world``'s last incident that every live rank read (written by its last reader).
 
-    A watcher woken without a call in its incident tells from it whether the
-    others finished that incident without it (it is fenced) or a neighbour's
-    close woke it (it waits again). One key per world, overwritten; deleted
-    by the last reader of the world's end, or with the world's members when the
-    last of them left (`members_key`).
+    A watcher woken without a call tells from it whether the others finished that incident without it (it is
+    fenced) or a neighbour's close woke it (it waits again). One key per world, overwritten; deleted by the last
+    reader of the world's end, or with the world's members when the last of them left (`members_key`).
 
     Examples:
         >>> done_key(0)
@@ -128,17 +114,10 @@ def incident_prefix(world: int, number: int) -> str:
 def wake_key(world: int, number: int, rank: int) -> str:
     """The key ``rank``'s watcher in world ``world`` blocks on while it waits for incident ``number``.
 
-    One key per `WAKE_BLOCK` consecutive ranks: a roll call writes N / 8 keys,
-    not N, and a rank whose world closes wakes at most 7 other watchers (with a
-    read of the absent key, which wakes its waiters and writes nothing). The key
-    is the incident's: a watcher that read the verdict waits on the next
-    incident's at once, which a call written meanwhile has set already. The
-    block's lowest live rank deletes it once it read the verdict (every live
-    rank of the block answered, so was woken, by then; a world's end is read
-    without answers: its last reader deletes every block's), never before
-    the caller's ``I/woken``: torch 2.13's server applies the first keys of a
-    ``multi_set`` that reaches it in parts once per part (1 of 20 deletions made
-    while a 1,024-key ``multi_set`` arrived was undone).
+    One key per `WAKE_BLOCK` consecutive ranks, and the incident's: a watcher that read the verdict waits on the next
+    incident's at once. The block's lowest live rank deletes it once it read the verdict (a world's end: its last
+    reader deletes every block's), never before the caller's ``I/woken`` (docs/design/rollcall.md, "Problems
+    found on the way").
 
     Examples:
         >>> wake_key(0, 2, 3), wake_key(0, 2, 9)

@@ -1,15 +1,11 @@
 """Each rank's watcher: one thread per world, blocked on one store key, that answers for its rank and acts on verdicts.
 
-The thread waits on its block's wake key for the world's next incident (`hypergrid.agreement.liveness.wake_key`)
-on a store connection of its own; `Watcher.side` serves short calls from other threads. When any rank calls an
-incident, every watcher wakes, answers the roll call, reads the verdict and acts on it: a failure (or a probe that
-found dead ranks) runs `Watcher.on_failure`'s callbacks (its world's: the alarm sounds, every grid wait ends with
-``RankFailure``) and `Watcher.on_dead`'s (``shrink``'s attempts); its own rank declared dead, on the minority side,
-or left behind by an incident the others finished fences the rank (``on_fence``). `Watcher.report` opens the
-current incident (a failure, or a probe when a wait lasts) and returns its verdict. Nothing runs on a healthy step:
-the thread is blocked in one ``wait`` that never times out (torch logs every store wait that does). Its world
-(`hypergrid.agreement.world.World`) starts it when the rank joins the world's watch and ends it (`Watcher.halt`).
-See docs/design/rollcall.md.
+`Watcher` waits on its block's wake key (`hypergrid.agreement.liveness.wake_key`) on a store connection of its
+own; `Watcher.side` serves short calls from other threads. When any rank calls an incident, it answers, reads the
+verdict and acts on it: a failure (or a probe that found dead ranks) runs `Watcher.on_failure`'s callbacks (the
+alarm sounds) and `Watcher.on_dead`'s (``shrink``'s attempts); its own rank dead, on the minority side, or left
+behind fences the rank (``on_fence``). `Watcher.report` opens an incident and returns its verdict.
+docs/design/rollcall.md ("A watcher's life").
 """
 
 from __future__ import annotations
@@ -140,9 +136,8 @@ class Watcher:
         """Stop, wake the thread and join it; whether it ended within ``timeout_s``.
 
         ``store``: a connection other than the thread's (the world's call store; one already gone is no error).
-        Every 0.1 s until the thread ended, a read of its block's wake key, which wakes the key's waiters and
-        writes nothing (the block's other watchers look for a call and wait again: `_handle`), and in an
-        incident `Incident.interrupt` (see `join`).
+        Every 0.1 s until the thread ended, a read of its block's wake key (the block's other watchers wait again:
+        `_handle`), and in an incident `Incident.interrupt` (see `join`; docs/design/rollcall.md, "A watcher's life").
         """
         key = self.stop()
         deadline = time.monotonic() + timeout_s
@@ -181,10 +176,9 @@ class Watcher:
         """This rank's world of ``size`` ranks ended (``shrink`` moved its live ranks on, ``dead`` left behind).
 
         Writes the end (`hypergrid.agreement.liveness.end_text`) as the call of the incident every live watcher
-        waits on, after any probe still open there: each reads it and stops, the last deletes it; a rank that
-        ``dead`` names (alive, but excluded) fences itself. Every survivor may call it: the first write counts.
-        Before it, the world's record of its end (`hypergrid.agreement.liveness.ended_key`), which stays: a rank
-        it names that was stopped meanwhile reads it whenever it resumes (`excluded`).
+        waits on, after any probe still open there; every survivor may call it: the first write counts. Before it,
+        the record of the world's end (`hypergrid.agreement.liveness.ended_key`): docs/design/recovery.md ("The
+        record of a world's end").
         """
         text = end_text(dead, size, self.rank)
         if dead:  # written before the end: a rank it names finds it even once the end's call is deleted

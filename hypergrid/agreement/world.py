@@ -1,31 +1,11 @@
 """One `World` per world, held by every grid on it: its watcher, its alarm, its keys, and a lifecycle.
 
-A *world* is one default process group: the job's first, or one that
-``shrink`` formed (its number: the epoch). `World` owns what this rank keeps
-for it: its `hypergrid.binding.alarm.Alarm` (failure news, the fence, the
-waits to end), the watcher thread (`hypergrid.agreement.watcher`), the one
-extra store connection the watcher blocks on, a second one opened only when a
-thread other than the main one must call the store while the main thread is
-blocked on its own, and the guard's bookkeeping of its rounds. What every
-world of one job shares (the store, its loss, works given up on) is the
-world's `hypergrid.binding.alarm.Job`, handed from a world to its successor.
-
-**Lifecycle.** A grid gets its world when it is built on an initialized world
-(or, built before, at its first call that needs one): `World.current` is the
-one place a world is looked up. The first grid to hold a world *joins* it: its
-watcher starts and the rank is listed in the world's watch
-(`hypergrid.agreement.liveness.record_member`); until a rank joined, the
-others' roll calls call it *late*, never dead. The world then is:
-
-- *open*: its grids work;
-- *replaced*: a ``shrink`` formed its successor (`World.replace`): every call
-  of a grid still on it raises ``GridReplacedError`` at once, and nothing it
-  does reaches the new world (its alarm, roll calls and keys are its own);
-- *closed*: at its last grid's ``destroy()``, at
-  ``torch.distributed.destroy_process_group()`` or at interpreter exit, the
-  first of them. The rank leaves the watch (not dead), its watcher is woken
-  and joined, so no hypergrid thread is blocked in the store when the process
-  exits. A grid whose world closed gets the current one at its next call.
+A *world* is one default process group: the job's first, or one that ``shrink`` formed (its number: the epoch).
+`World` owns what this rank keeps for it: its `hypergrid.binding.alarm.Alarm`, its watcher
+(`hypergrid.agreement.watcher`) and store connections, and the guard's bookkeeping; what the worlds of one job
+share is their `hypergrid.binding.alarm.Job`. `World.current` is the one place a world is looked up. A world is
+*open*, then *replaced* (`World.replace`) or *closed* (`World.close`): docs/design/rollcall.md ("The world
+object").
 
 Examples:
     >>> import torch.distributed as dist
@@ -260,9 +240,8 @@ class World:
     def fence(self, reason: str) -> None:
         """The others went on without this rank: every call raises ``FencedError``, and every wait ends.
 
-        The fence is recorded first (a wait that the severing ends finds the rank
-        fenced), then the groups' connections are severed: a point-to-point wait,
-        which nothing else wakes, would otherwise block until the group's timeout
+        The fence is recorded first (a wait that the severing ends finds the rank fenced), then the groups' connections
+        are severed: a point-to-point wait, which nothing else wakes, would otherwise block until the group's timeout
         when the rank resumed inside it (a SIGSTOP through the others' shrink).
         """
         self.alarm.fence(reason)
@@ -343,9 +322,8 @@ class World:
     def _at_exit(self) -> None:
         """Interpreter exit: close, after collecting the garbage a failure left.
 
-        A failure leaves reference cycles (an exception's frames) that hold
-        torch's communication objects; destroyed during finalization, a gloo
-        work whose peer died can end the process with ``std::terminate``.
+        A failure leaves reference cycles (an exception's frames) that hold torch's communication objects; destroyed
+        during finalization, a gloo work whose peer died can end the process with ``std::terminate``.
         """
         self.close(error=_uncaught())
         gc.collect()

@@ -1,32 +1,12 @@
 """What this rank knows of failures in one world: its `Alarm`, held by the world (`hypergrid.agreement.world`).
 
-The grid's communication calls wait on what the alarm knows
-(`hypergrid.binding.waiting`): until the torch work completes, or until
-this rank learns that its world failed, whichever comes first; a wait that
-lasts asks for a roll call (`Alarm.probe`). The news comes from the world's
-watcher (`hypergrid.agreement.watcher`), which runs the roll call and then
-calls `Alarm.sound` with the ranks that did not answer. Every wait of the
-world's grids then ends with ``RankFailure`` naming them; torch's own
-operation is left behind (a gloo collective cannot be interrupted: it ends
-when its peer's connection closes, which the world severs).
-
-A rank that the others declared dead (it answered no roll call in time: it was
-stopped, or cut off) is *fenced* (`Alarm.fence`): from then on every call of a
-grid on that world raises ``FencedError``; it never rejoins.
-
-What every world of one job shares on a rank is its `Job`: the store every
-world is made on, and whether it is gone (`Job.lose_store`: every grid call
-and wait from then on raises ``StoreLostError`` carrying torch's error), the
-works a wait gave up on and the groups they need, and the guard's counters.
-A job and its alarms are objects held by the worlds, never found by a lookup:
-a failure of one world never reaches another.
-
-Waits that are not torch works listen too (`Alarm.listening`): a guard round,
-a commit barrier, registers what ends its wait, and the alarm runs it when
-the world fails (or, with ``fence_only``, when this rank is fenced). Once the
-world failed, every check first asks whether the others ended it without this
-rank (``excluded``, installed with the reporter): a rank stopped through the
-others' whole shrink learns it on its first call after it resumes.
+The grid's waits (`hypergrid.binding.waiting`) end when torch's work completes or when the alarm learns that the
+world failed: the world's watcher (`hypergrid.agreement.watcher`) calls `Alarm.sound` with the ranks that did not
+answer, and every wait of the world's grids ends with ``RankFailure``; a wait that lasts asks for a roll call
+(`Alarm.probe`). A rank the others declared dead is fenced (`Alarm.fence`: ``FencedError`` from then on). What
+the worlds of one job share is their `Job`: the store and its loss (``StoreLostError``), the works a wait gave up
+on, the guard's counters. Waits that are not torch works listen too (`Alarm.listening`). docs/design/rollcall.md
+("The world object") and docs/design/recovery.md ("What the verdict does").
 """
 
 from __future__ import annotations
@@ -240,11 +220,9 @@ class Alarm:
     def listening(self, on_news: Callable[[], object], fence_only: bool = False) -> Iterator[None]:
         """While inside, run ``on_news()`` when the world fails (``fence_only``: when this rank is fenced).
 
-        At once if that happened already. For a wait that blocks on a store
-        key: ``on_news`` writes into that key what ends the wait (a failure
-        verdict, with ``compare_set``), or for a fence only wakes it (a read of
-        the absent key), through a connection of its own. It may run more than
-        once, and must not raise but a store's error.
+        At once if that happened already. For a wait that blocks on a store key: ``on_news`` writes into that key what
+        ends the wait (a failure verdict, with ``compare_set``), or for a fence only wakes it (a read of the absent
+        key), through a connection of its own. It may run more than once, and must not raise but a store's error.
 
         Examples:
             >>> with Alarm(Job(None)).listening(lambda: None):
@@ -292,9 +270,8 @@ class Alarm:
     def _confirm(self, what: str) -> None:
         """The world failed: ask whether the others ended it without this rank (which fences it); else nothing.
 
-        One store read, on failure paths only: a rank stopped (or cut off)
-        through the others' whole shrink learns here, on its first call, that it
-        was left behind, whatever its watcher has read by then.
+        One store read, on failure paths only: a rank stopped (or cut off) through the others' whole shrink learns here,
+        on its first call, that it was left behind, whatever its watcher has read by then.
         """
         excluded = self.excluded
         if excluded is not None and self.news is not None and self.fenced is None and self.job.store_lost is None:

@@ -1,23 +1,12 @@
 """A peer's death as one exception: torch's communication errors become ``RankFailure``.
 
-torch reports a dead peer in many shapes: NCCL's ``DistBackendError`` (a
-communicator aborted, a remote error), a store's ``DistNetworkError``, and
-gloo's plain ``RuntimeError`` ("Connection closed by peer", "Timed out
-waiting ... for recv": gloo gives no structured signal, so its words are
-read; docs/elastic.md's timing constants say what decides what). `peer_failures` wraps one
-torch call and turns those into ``hypergrid.errors.RankFailure`` (torch's error
-kept as ``__cause__``), so a training loop catches one exception and calls
-``grid.shrink``. Errors that are not about a peer pass through unchanged.
-
-Every communication call of a grid goes through `communicate` (or
-`wait_work` for works it already holds) with its world's alarm
-(`hypergrid.binding.alarm.Alarm`): the call is issued asynchronously and
-waited on here, so that failure news from another rank ends the wait at once,
-on every backend. With ``async_op=True`` the caller gets a `Watched` work
-whose ``wait()`` does the same.
-
-`abort_groups` releases groups without blocking on a dead peer; `sever_torch_groups` ends every operation pending
-on the groups torch holds now (a world's failure, heard while that world is torch's).
+torch reports a dead peer in many shapes: NCCL's ``DistBackendError``, a store's ``DistNetworkError``, gloo's plain
+``RuntimeError`` ("Connection closed by peer": its words are read; docs/elastic.md's timing constants say what
+decides what). `peer_failures` turns those into ``hypergrid.errors.RankFailure`` (torch's error kept as
+``__cause__``); other errors pass through. Every communication call of a grid goes through `communicate` (or
+`wait_work`) with its world's alarm, so that failure news from another rank ends the wait at once, on every
+backend (`Watched`: an ``async_op`` work whose ``wait()`` does the same). `abort_groups` and
+`sever_torch_groups` release groups without blocking on a dead peer. docs/design/recovery.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """The world after a shrink: the default group re-formed over the survivors under a new store prefix.
 
-Every world a shrink makes is numbered: the *epoch* (0 for the world the job
-started with). The survivors tear the old default group down (``abort``, then
-``destroy_process_group``: nothing waits on a dead peer) and initialise a new
-one with ``init_process_group(store=PrefixStore("hypergrid/elastic/<epoch>/world",
-base))``, where ``base`` is the store of the epoch-0 world. That store must
-outlive every worker: ``hypergrid.spawn`` hosts it in the parent process and
-torchrun in its agent; a ``TCPStore`` hosted by rank 0 dies with rank 0.
-
-On a backend that can shrink (`can_shrink`: NCCL's ``shrink_group``), a shrink that keeps the survivors in their
-old order shrinks the default communicator instead; docs/design/recovery.md says when.
-
-torch's rendezvous keys under that prefix, which torch never deletes, are deleted once a new world committed: the
-member that completed the commit lists them while every member waits there (`world_keys`) and deletes that list
-(`forget_keys`); docs/design/recovery.md says why the list is taken at the commit.
+Every world a shrink makes is numbered: its *epoch* (0 for the world the job started with). `reform_world` tears
+the old default group down (`tear_down`: nothing waits on a dead peer) and forms the new one on the epoch-0
+world's store under `world_prefix`, or, where the backend can (`can_shrink`: NCCL's ``shrink_group``), shrinks
+the default communicator in place. `world_keys` and `forget_keys` delete torch's rendezvous keys once a new world
+committed. Why, when, and the store that must outlive every worker: docs/design/recovery.md ("Attempts: forming
+the new world", "NCCL's shrink_group", "Store hygiene").
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Waiting for torch's works while listening to the alarm: every grid wait ends when the world fails.
 
-`wait` waits for one work until it completes or this rank learns that its
-world failed (`hypergrid.binding.alarm`), whichever comes first. A wait
-that lasts `probe_after_s` (then twice as long, and so on) asks for a roll call: a
-peer that is stopped or cut off, which no connection error reveals, is found
-then rather than at the group's timeout.
-
-A work with a future (a gloo or NCCL collective) wakes the wait through the
-future. gloo's point-to-point works have none: their ``is_completed()`` never
-turns true, even after the data arrived, and a ``wait(timeout)`` that
-expires closes the connection (torch 2.13); a thread per wait to hand the
-blocking ``wait()`` to costs about a millisecond per step. The caller blocks
-in torch's ``wait()`` itself, and one thread per world (`_Sentry`) asks for the
-roll call when such a wait lasts; a world that fails has its gloo connections
-severed (`hypergrid.binding.failures.abort_world_groups`), which ends the
-blocked wait with an error (`wait_all`).
+`wait` waits for one work until it completes or this rank learns that its world failed
+(`hypergrid.binding.alarm`), whichever comes first; a wait that lasts `probe_after_s` (then twice as long, and so
+on) asks for a roll call. gloo's point-to-point works have no future: the caller blocks in torch's ``wait()``
+(`wait_all`), one thread per world (`_Sentry`) asks for the roll call when such a wait lasts, and the world's
+failure severs their connections (`hypergrid.binding.failures.abort_groups`). Why: docs/design/recovery.md
+("What the verdict does").
 """
 
 from __future__ import annotations
@@ -35,10 +26,9 @@ __all__ = ["abandoned", "probe_after_s", "wait", "wait_all"]
 def probe_after_s() -> float:
     """How long a grid wait lasts before this rank asks for a roll call (``HYPERGRID_PROBE_S``, default 30 s).
 
-    The next after twice as long, and so on: a stopped or cut-off peer is
-    found then, not at the group timeout. Read at each wait, not at import: a
-    worker forked from a server that imported hypergrid earlier (``spawn``'s
-    forkserver) sees the environment of its own call.
+    The next after twice as long, and so on: a stopped or cut-off peer is found then, not at the group timeout. Read at
+    each wait, not at import: a worker forked from a server that imported hypergrid earlier (``spawn``'s forkserver)
+    sees the environment of its own call.
 
     Examples:
         >>> probe_after_s() > 0
@@ -50,16 +40,11 @@ def probe_after_s() -> float:
 def wait(alarm: Alarm | None, work: Any, what: str, stream: bool = False) -> None:
     """Wait for torch's ``work``; return early with ``RankFailure`` if ``alarm``'s world fails meanwhile.
 
-    Without a watcher (no alarm, a world of one, the fake backend) it is ``work.wait()``.
-    With ``stream=True`` (tensors on an accelerator: NCCL) it is ``work.wait()``
-    between two checks too: there ``wait`` only orders the current stream after
-    the collective and never blocks the host, so waiting on the host for the
-    work's future would stall every step; a failed world is ended by aborting
-    its communicators instead (`hypergrid.binding.failures.abort_world_groups`).
-    A work without a future (gloo's point-to-point works: their
-    ``is_completed()`` never turns true, and a timed ``wait`` closes the
-    connection) is waited on as `wait_all` says.
-    torch's error, if the work failed, propagates as torch raised it.
+    Without a watcher (no alarm, a world of one, the fake backend) it is ``work.wait()``. With ``stream=True`` (tensors
+    on an accelerator: NCCL) it is ``work.wait()`` between two checks too: there ``wait`` only orders the current stream
+    after the collective and never blocks the host, so waiting on the host for the work's future would stall every step;
+    a failed world is ended by aborting its communicators instead (`hypergrid.binding.failures.abort_groups`). A work
+    without a future is waited on as `wait_all` says. torch's error, if the work failed, propagates as torch raised it.
     """
     if alarm is None or not alarm.watched() or stream:
         if alarm is not None:
@@ -86,14 +71,10 @@ def wait(alarm: Alarm | None, work: Any, what: str, stream: bool = False) -> Non
 def wait_all(alarm: Alarm | None, works: Sequence[Any], what: str) -> None:
     """Wait for every work of ``works`` (point-to-point ones, say) as `wait` does.
 
-    A work without a future is waited on by this thread itself, in torch's
-    blocking ``wait()`` (nothing added to a healthy step but two attribute
-    writes), while the world's `_Sentry` watches the clock: a wait that lasts
-    `probe_after_s` asks for a roll call, as a collective's does. A roll call that
-    finds a peer gone (stopped, cut off) fails the world, whose connections the
-    watcher severs (`hypergrid.binding.failures.abort_world_groups`): the
-    blocked wait raises then, and `hypergrid.binding.failures` turns torch's
-    error into ``RankFailure`` naming the dead.
+    A work without a future is waited on by this thread itself, in torch's blocking ``wait()`` (nothing added to a
+    healthy step but two attribute writes), while the world's `_Sentry` watches the clock (see the module's
+    docstring); once the world failed and its connections are severed, the blocked wait raises, and
+    `hypergrid.binding.failures` turns torch's error into ``RankFailure`` naming the dead.
     """
     if alarm is not None:
         alarm.check(what)
@@ -124,9 +105,8 @@ def wait_all(alarm: Alarm | None, works: Sequence[Any], what: str) -> None:
 class _Sentry:
     """While a blocking wait lasts, asks for a roll call after `probe_after_s` (then twice as long, and so on).
 
-    One thread per world, started by the world's first wait without a future;
-    it looks at the clock every quarter of `probe_after_s` (never on a healthy step's
-    path) and ends once its world is no longer watched (closed).
+    One thread per world, started by the world's first wait without a future; it looks at the clock every quarter of
+    `probe_after_s` (never on a healthy step's path) and ends once its world is no longer watched (closed).
     """
 
     def __init__(self, alarm: Alarm) -> None:

@@ -1,20 +1,12 @@
 """One survivor's ``shrink``: agree on the dead, check the whole plan, tear down, then form worlds until one holds.
 
-``grid.shrink`` (`hypergrid.grid.elastic`) validates its arguments and hands `Recovery` the grid's world:
-
-1. **Who is dead**: the world's roll calls, then the membership round (`hypergrid.agreement.membership`).
-2. **The plan, checked whole** (`hypergrid.layout.shrink`, `hypergrid.grid.succession`): a refusal leaves the old
-   grid and world as they were.
-3. **Tear down** the old groups (never waiting on a dead peer).
-4. **Form the new world**, attempt after attempt: a ready barrier, the default group under the new epoch's store
-   prefix (the successor `World`), the families re-created, the step agreed (`Recovery.agree_step`, with
-   `hypergrid.grid.snapshots.StepSnapshots` every replica brought to it), and a commit barrier whose outcome is
-   written once. torch's waits are bounded (`GLOO_WAITS`), and a `hypergrid.agreement.barrier.Vigil` ends them as
-   soon as the old world's roll call finds a member dead: the next attempt forms the next world without it. Once
-   the commit passes, the old world is replaced (`World.replace`: its grids refuse every call) and its watcher's
-   connection serves the new world's watcher.
-
-What cannot be absorbed is a ``HyperGridError`` on every survivor. See docs/design/recovery.md.
+``grid.shrink`` (`hypergrid.grid.elastic`) hands `Recovery` the grid's world: (1) who is dead (the world's roll
+calls, then `hypergrid.agreement.membership`); (2) the plan, checked whole (`hypergrid.layout.shrink`,
+`hypergrid.grid.succession`: a refusal leaves the old grid and world as they were); (3) the old groups torn down;
+(4) the new world formed attempt after attempt (a ready barrier, the default group, the families, the step agreed
+by `Recovery.agree_step`, a commit barrier), torch's waits bounded (`GLOO_WAITS`) and ended by a
+`hypergrid.agreement.barrier.Vigil` once a member is found dead; past the commit the old world is replaced
+(`World.replace`). What cannot be absorbed is a ``HyperGridError`` on every survivor. docs/design/recovery.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """``StepSnapshots``: the training state at the start of the last steps, so that survivors resume from one agreed step.
 
-A death in the middle of a step leaves the survivors at two neighbouring
-steps: a collective that does not involve the dead rank completes (those
-replicas apply their update and begin the next step) while its partners'
-collectives fail. ``grid.shrink(snapshots=...)`` agrees on the lowest step
-any survivor is in, and every survivor goes back to its state at the start
-of that step: its own snapshot, or a replica peer's over the shrink's ``dim``
-(a drafted spare has none). Two snapshots are enough on a tp x dp grid whose
-steps run the tp collectives before the dp ones: no survivor can be more than
-one step ahead of another (docs/elastic.md).
-
-What a snapshot holds: the ``state_dict()`` of each stateful object (a
-module, an optimizer, an LR scheduler: anything with ``state_dict`` and
-``load_state_dict``) and the values of plain tensors, copied into buffers
-that are reused from step to step.
+``grid.shrink(snapshots=...)`` agrees on the lowest step any survivor is in, and every survivor goes back to its
+state at the start of that step: its own snapshot, or a replica peer's over the shrink's ``dim`` (`share_step`; a
+drafted spare has none). Why two snapshots are enough: docs/design/recovery.md ("The step agreement"); what a
+snapshot holds: docs/elastic.md ("Resuming at one step").
 """
 
 from __future__ import annotations

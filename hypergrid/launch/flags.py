@@ -1,14 +1,10 @@
 """``hypergrid.run``'s command line, checked flag by flag: a bad value is one line that names the flag and the value.
 
-torchrun parses its flags loosely and leaves the values to the code that
-uses them: ``--nproc-per-node abc`` ends in a ``ValueError`` traceback,
-``--nnodes 0`` and ``--max-restarts -3`` in an ``AssertionError`` one, and
-argparse's own errors print the whole usage block. ``check_flags`` looks at
-every value before anything starts, with torch's own parsers where torch
-has one (rendezvous config, ``--redirects``/``--tee``, ``--logs-specs``,
-``--event-log-handler``), and raises ``InvalidArgumentError`` with one line;
-``OneLineParser`` makes argparse's errors one line too. The launcher turns
-both into exit code 2.
+torchrun leaves the values to the code that uses them (``--nproc-per-node abc`` ends in a ``ValueError``
+traceback, ``--nnodes 0`` and ``--max-restarts -3`` in an ``AssertionError`` one, argparse's own errors print the
+whole usage block). `check_flags` looks at every value before anything starts, with torch's own parsers where
+torch has one, and raises ``InvalidArgumentError`` with one line; `OneLineParser` makes argparse's errors one line
+too. The launcher turns both into exit code 2 (docs/launcher.md, "Flags").
 """
 
 from __future__ import annotations

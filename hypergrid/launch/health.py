@@ -1,23 +1,9 @@
 """The job-wide health count of ``hypergrid.run``, kept on the agents' rendezvous store.
 
-Every agent (one per node) watches its own workers; the minimum-healthy rule
-is job-wide, so the agents share three facts through the store of their
-rendezvous round, under ``hypergrid/run/<restart>/``:
-
-- ``failed``: how many workers of the job have failed (exited non-zero or by
-  a signal). An agent adds 1 per failure it sees (``store.add``, which returns
-  the new total), so the agent whose failure takes the job below the minimum
-  knows it at once.
-- ``verdict``: set by that agent, which then sets ``done`` too.
-- ``arrived`` / ``done``: the end of the round. An agent whose workers have
-  all exited adds itself to ``arrived`` and waits for ``done`` (the exit
-  barrier); the last one to arrive sets ``done``. Every agent also holds a
-  thread blocked on ``done`` (its own store connection, one long ``wait``: no
-  polling), so when a verdict sets it every agent learns at once, running or
-  waiting, and they fall back together (restart every worker, or stop them
-  and fail).
-
-Store operations: docs/design/launcher.md ("Counting failures across agents"); none per monitoring tick.
+Every agent (one per node) watches its own workers; the minimum-healthy rule is job-wide, so the agents share
+their failures, the verdict and the end of the round through the store of their rendezvous round, under
+``hypergrid/run/<restart>/`` (`HealthRound`). The keys and their store operations: docs/design/launcher.md
+("Counting failures across agents").
 """
 
 from __future__ import annotations
@@ -134,10 +120,9 @@ class HealthRound:
     def exit_barrier(self, timeout_s: float, read_shrunk: Callable[[], str] | None = None) -> str:
         """Wait until every agent's workers have exited, or a verdict; ``"done"``, ``"verdict"`` or ``"timeout"``.
 
-        ``read_shrunk``: called by the last agent to arrive (every worker of the job
-        has exited then, and every agent still waits) when any worker failed; what it
-        returns (the ledger's list of ranks that shrinks excluded) reaches every agent
-        through ``shrunk``.
+        ``read_shrunk``: called by the last agent to arrive (every worker of the job has exited then, and every agent
+        still waits) when any worker failed; what it returns (the ledger's list of ranks that shrinks excluded) reaches
+        every agent through ``shrunk``.
         """
         if self.store.add(self._key("arrived"), 1) >= self.agents:
             if read_shrunk is not None and int(self.store.add(self._key("failed"), 0)) > 0:

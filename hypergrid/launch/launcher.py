@@ -1,20 +1,10 @@
 """``python -m hypergrid.run``: torchrun's command line, run by an agent that keeps the survivors running.
 
-The command line is torchrun's own parser (``torch.distributed.run``), so every
-torchrun flag means what it means there, plus ``--min-healthy`` and
-``--exit-barrier-timeout``. The launch is torchrun's too (its launch config,
-rendezvous handler and worker spec), with ``MinHealthyAgent`` in place of
-``LocalElasticAgent``. See docs/launcher.md.
-
-Exit codes: 0 when the run succeeded (every worker exited 0 or was excluded
-by a survivors' shrink, ``hypergrid.launch.outcomes``, and the job never fell
-below ``--min-healthy``, or a restart recovered); 1 when it failed (a worker
-raised or died and no shrink excluded it, below the minimum with no restart
-left, or the agent itself failed); 2 for a bad command line (one line naming
-the flag and the value, ``hypergrid.launch.flags``); 128 + N when the
-launcher was stopped by signal N (its workers get the same signal, as under
-torchrun). Each worker ends with the agent, even a SIGKILLed one
-(``hypergrid.launch.orphans``).
+The command line is torchrun's own parser (``torch.distributed.run``), plus ``--min-healthy`` and
+``--exit-barrier-timeout``; the launch is torchrun's too (its launch config, rendezvous handler and worker spec),
+with ``MinHealthyAgent`` in place of ``LocalElasticAgent``. Exit codes: 0 succeeded, 1 failed, 2 a bad command
+line (``hypergrid.launch.flags``), 128 + N stopped by signal N; docs/launcher.md ("Exit codes and the summary")
+says when each.
 """
 
 from __future__ import annotations
@@ -136,9 +126,8 @@ def launch(
 ) -> int:
     """Run ``entrypoint args`` on this node's workers under ``MinHealthyAgent``; the exit code.
 
-    torchrun's ``launch_agent``, with our agent: the same rendezvous handler,
-    worker spec, metrics and events. Prints the summary (``MinHealthyAgent.summary``)
-    on stderr before returning.
+    torchrun's ``launch_agent``, with our agent: the same rendezvous handler, worker spec, metrics and events. Prints
+    the summary (``MinHealthyAgent.summary``) on stderr before returning.
 
     Raises:
         InvalidArgumentError: the rendezvous backend does not share the agents' store with the

@@ -1,22 +1,10 @@
 """What the workers of ``hypergrid.run`` tell their agent: the deaths a shrink accounted for, and a worker's exception.
 
 A worker's death is *accounted for* when the survivors' ``shrink`` excluded it; the survivors write it down in a
-*ledger* the agent names in the workers' environment (``HYPERGRID_RUN_LEDGER``, a key prefix on the workers' raw
-store, which outlives every worker); docs/launcher.md says how the agent reads it. Its keys:
-
-- ``<ledger>world/<epoch>``: the launcher's rank (torchelastic's global rank)
-  of each rank of world ``epoch``, comma-separated, in rank order. The job's
-  first world (epoch 0) has no entry: its ranks are the launcher's.
-- ``<ledger>shrunk``: the launcher's ranks that shrinks excluded, each
-  followed by a comma (``store.append``).
-
-Both are written at the end of each shrink by the new world's rank 0 alone (a rank 0 that dies before it writes
-leaves its world's deaths unaccounted: the run is reported failed, never succeeded by mistake).
-
-A worker that raised says what it raised in torchelastic's error file
-(``TORCHELASTIC_ERROR_FILE``, the format of torch's ``@record``):
-``record_uncaught_exceptions`` makes an uncaught exception write it, and
-``init_from_env`` calls it under a launcher. The agent quotes the first line.
+*ledger* the agent names in the workers' environment (`LEDGER_ENV`), on the workers' raw store, which outlives
+every worker (`record_shrink`; the agent reads it with `read_shrunk`). A worker that raised says what in
+torchelastic's error file (`record_uncaught_exceptions`). The keys and who writes them: docs/design/launcher.md
+("The ledger").
 """
 
 from __future__ import annotations
@@ -179,10 +167,9 @@ def parse_ranks(listed: str) -> set[int]:
 def record_uncaught_exceptions() -> bool:
     """Make an uncaught exception write torchelastic's error file, as ``@record`` would; whether one is set up.
 
-    Only under a torchelastic launcher (``TORCHELASTIC_ERROR_FILE`` set); the
-    previous ``sys.excepthook`` still runs (the traceback is printed as
-    before). An error file already written (by ``@record``) is kept.
-    Calling it again changes nothing.
+    Only under a torchelastic launcher (``TORCHELASTIC_ERROR_FILE`` set); the previous ``sys.excepthook`` still runs
+    (the traceback is printed as before). An error file already written (by ``@record``) is kept. Calling it again
+    changes nothing.
 
     Examples:
         >>> import os

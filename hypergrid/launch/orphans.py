@@ -1,25 +1,10 @@
 """Workers that end with the process that started them: no orphan keeps training after its launcher is killed.
 
-A launcher that is SIGKILLed cannot stop its workers, which would be reparented and run on (docs/launcher.md), so
-every worker is tied to its parent:
-
-- On Linux, the kernel does it: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (through
-  ``ctypes``) makes the parent's death SIGKILL the worker. It survives
-  ``exec``, so ``hypergrid.run`` starts each worker's command through this
-  file (``python -I orphans.py PARENT_PID COMMAND...``: the standard library
-  only, a few ms), which sets it and ``exec``s the command: the same process,
-  pid and exit code. ``spawn``'s workers set it first thing.
-- Elsewhere, a watchdog: the same file runs the command as its child and
-  kills it once its own parent is gone (checked every 0.2 s); in ``spawn``'s
-  workers, a thread that exits the process then.
-
-A parent that died before the worker could tie itself is caught too: the
-worker checks its parent's pid after setting the signal and exits at once.
-The kernel sends the signal when the *thread* that started the worker ends:
-torchelastic's agent and ``spawn`` start their workers from the thread that
-then waits for them.
-This file imports nothing of hypergrid's, and nothing outside the standard
-library: the launcher runs it by path, before the worker's interpreter starts.
+On Linux the kernel's parent-death signal (`die_with_parent`: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``); elsewhere a
+watchdog that kills the worker once its parent is gone (`main`, run by path: ``python -I orphans.py PARENT_PID
+COMMAND...``). This file imports nothing of hypergrid's, and nothing outside the standard library: the launcher
+runs it before the worker's interpreter starts. How each launcher uses it: docs/design/launcher.md ("Workers end
+with their agent").
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The TCP connections torch opens for a process group, and how to sever them: gloo's missing abort.
 
-gloo cannot cancel a collective in flight (``ProcessGroup.abort()`` returns and the operation goes on, torch 2.13):
-the survivors' operations stay pending until the group's timeout, and a peer that was only stopped (SIGSTOP) and
-comes back completes them, writing into tensors the survivors use again.
-
-Severing the group's connections (``shutdown`` of each connected socket)
-ends every pending operation at once, on both sides, with gloo's own
-"Connection closed" error. `opened` finds the connections a group creation
-opened (the process's connected sockets before and after it, read from
-``/proc/self/fd``; listening sockets are left alone: gloo's listener must
-not be touched); `track` remembers them with their group and `sever` shuts
-them down. Where ``/proc`` is missing (not Linux), or gloo connects lazily
-(``TORCH_GLOO_LAZY_INIT=1``), nothing is found and nothing is severed.
+gloo cannot cancel a collective in flight; severing the group's connections (``shutdown`` of each connected
+socket) ends every pending operation at once, on both sides. `opened` finds the connections a group creation
+opened, `track` remembers them with their group and `sever` shuts them down. Why, and where nothing is found:
+docs/design/recovery.md ("Severing gloo's connections").
 """
 
 from __future__ import annotations

@@ -2,15 +2,8 @@
 
 ``spawn`` starts its workers from a forkserver that imported torch and the grid once (`PRELOAD`), or a fresh
 interpreter each: why, what it costs and what a forked worker inherits are in docs/api.md ("How workers start").
-The server's environment is the launcher's at its first ``spawn``; each worker replaces it with the launcher's at
-the call (``worker``), and its stdout and stderr (``LauncherStreams``).
-
-A forkserver's worker is the server's child, not the launcher's, and the
-server lives until its launcher and every worker it forked have closed its
-keep-alive pipe: a worker whose launcher was SIGKILLed would keep the server,
-and so itself, alive. So each worker closes its copy first thing
-(``tie_to_launcher``): the server ends with the launcher, and the kernel's
-parent-death signal ends the workers with the server.
+Each worker takes the launcher's environment at the call (`worker`), its stdout and stderr (`LauncherStreams`),
+and ends with the launcher (`tie_to_launcher`: docs/design/launcher.md, "Workers end with their agent").
 """
 
 from __future__ import annotations
@@ -89,11 +82,9 @@ def start_context(start_method: str | None) -> Any:
 class LauncherStreams:
     """The launcher's stdout and stderr as they are at the call, for a worker forked from the server.
 
-    A forked worker inherits the server's file descriptors 1 and 2, which are
-    the launcher's at its *first* ``spawn`` (a test's capture, a log file
-    since reopened); a fresh interpreter inherits the launcher's at its own
-    start. Pickled into the worker's arguments, this hands the launcher's
-    current ones over as multiprocessing hands a connection over
+    A forked worker inherits the server's file descriptors 1 and 2, which are the launcher's at its *first* ``spawn`` (a
+    test's capture, a log file since reopened); a fresh interpreter inherits the launcher's at its own start. Pickled
+    into the worker's arguments, this hands the launcher's current ones over as multiprocessing hands a connection over
     (``reduction.DupFd``); ``adopt_streams`` puts them in place.
     """
 
@@ -125,12 +116,10 @@ def adopt_streams(streams: list[tuple[int, int]] | None) -> None:
 def tie_to_launcher(launcher: int) -> None:
     """End this worker when ``launcher`` (the process that called ``spawn``) dies, however it was started.
 
-    Started by ``spawn``, its parent is the launcher: the kernel's parent-death
-    signal (``tie_to_parent``). Forked by the launcher's forkserver, its parent
-    is the server: the signal ties it to the server, and this worker closes its
-    copy of the server's keep-alive pipe, so that the server ends with the
-    launcher (its pipe then closes, however the launcher died) and this worker
-    with the server.
+    Started by ``spawn``, its parent is the launcher: the kernel's parent-death signal (``tie_to_parent``). Forked by
+    the launcher's forkserver, its parent is the server: the signal ties it to the server, and this worker closes its
+    copy of the server's keep-alive pipe, so that the server ends with the launcher (its pipe then closes, however the
+    launcher died) and this worker with the server.
     """
     keep_alive = _server_keep_alive()
     if keep_alive is None:
@@ -144,10 +133,9 @@ def tie_to_launcher(launcher: int) -> None:
 def _server_keep_alive() -> int | None:
     """This process's copy of its forkserver's keep-alive pipe (a worker forked by one), else None.
 
-    multiprocessing hands each forked worker the pipe so that the worker could
-    use the same server (a private attribute, the same from Python 3.7 to
-    3.13); a worker that starts processes of its own starts a server of its
-    own anyway, since it never started that one.
+    multiprocessing hands each forked worker the pipe so that the worker could use the same server (a private attribute,
+    the same from Python 3.7 to 3.13); a worker that starts processes of its own starts a server of its own anyway,
+    since it never started that one.
     """
     module = sys.modules.get("multiprocessing.forkserver")  # imported in every process a server forked
     server = getattr(module, "_forkserver", None)
@@ -216,9 +204,8 @@ def worker(
 def pickled(rank: int, value: Any) -> tuple[int, str, Any]:
     """The worker's message: its value as pickled bytes, or why it cannot be pickled.
 
-    Pickled here, while the worker lives: a tensor put on the queue as it is
-    would travel as shared memory that the parent may still be mapping when
-    the worker exits.
+    Pickled here, while the worker lives: a tensor put on the queue as it is would travel as shared memory that the
+    parent may still be mapping when the worker exits.
     """
     try:
         return rank, RETURNED, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)

@@ -3,12 +3,9 @@
 Each rank registers ``faulthandler`` on ``SIGUSR1`` with a file of its own, ``rank{RANK}.stack`` in a directory;
 ``faulthandler`` writes from a C signal handler, so a rank blocked inside a collective (the GIL released or not)
 still answers. ``spawn`` does this for every worker and quotes the stacks of the ranks still running at its
-timeout; under ``torchrun``, docs/api.md ("When a rank hangs") says how.
-
-A report keeps the frames below the function the rank was started with: the
-caller's own lines, the first library call they made (``torch.distributed``
-and hypergrid count as library), and the innermost frame, where the rank is
-blocked; each frame is shown with its source line.
+timeout; under ``torchrun``, docs/api.md ("When a rank hangs") says how. A report keeps the caller's own frames,
+the first library call they made (``torch.distributed`` and hypergrid count as library) and the innermost frame,
+each with its source line (`cut_frames`).
 """
 
 from __future__ import annotations
