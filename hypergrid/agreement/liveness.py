@@ -300,11 +300,13 @@ def world_keys(world: int) -> list[str]:
     return [done_key(world), members_key(world), f"{members_key(world)}-count"]
 
 
-def record_member(store: Any, world: int, rank: int, joined: bool, dead: int = 0) -> None:
+def record_member(store: Any, world: int, rank: int, joined: bool, dead: int = 0) -> int:
     """``rank`` joins (``joined``) or leaves world ``world``'s watch (`members_key`); the last live rank to leave
     (``dead``: how many of the world's members the roll calls found dead, which never leave) deletes the world's
     keys (`world_keys`). Two requests, three more for the last."""
     store.append(members_key(world), f"{'+' if joined else '-'}{rank}\n")
-    if store.add(f"{members_key(world)}-count", 1 if joined else -1) <= (0 if joined else dead):
+    count = int(store.add(f"{members_key(world)}-count", 1 if joined else -1))
+    if count <= (0 if joined else dead):
         for key in world_keys(world):
             store.delete_key(key)
+    return count

@@ -116,7 +116,10 @@ class Watcher:
         """Start the thread, then list this rank in the world's watch (`record_member`): from now on a roll call
         that it does not answer names it dead (before, it is *late*)."""
         self._thread.start()
-        record_member(self.side, self.world, self.rank, joined=True)
+        if record_member(self.side, self.world, self.rank, joined=True) == 1:  # the first: the last to leave before
+            time.sleep(0.05)  # it may delete the watch's keys just after this join; then it joins again
+            if not self.side.check([members_key(self.world)]):
+                record_member(self.side, self.world, self.rank, joined=True)
         self.joined = True  # (from now on the world's watch lists it: its absence means the world ended)
         done = diagnosis.read(self.side, done_key(self.world))  # an incident that closed since `first` was read
         with self._changed:  # (it called this rank absent): the thread moves past it
@@ -257,6 +260,8 @@ class Watcher:
         """Whether the others went on without this rank: the world's end names it (`ended_key`), or the world's
         watch is gone although this rank is in it (`members_key`: deleted once the world ended, or once every live
         member left; this rank never left, so it was named dead). It fences it then. One read, one check."""
+        if self.end_dead is not None:  # it read the world's end: it knows whether the end left it behind
+            return self.fenced
         data = diagnosis.read(store, ended_key(self.world))
         named = data is not None and self.rank in json.loads(data)
         if not named and not (self.joined and not store.check([members_key(self.world)])):
@@ -301,9 +306,9 @@ class Watcher:
             self._answered = self.number
             self._incident = incident
         if call.startswith(END):
+            with self._changed:  # (known before it counts its read: the world's keys go after the last read)
+                self.end_dead = tuple(json.loads(call[len(END) :])[0])
             dead = incident.read_end(call, seen + bound_s(len(self.expected), self.liveness_s))
-            with self._changed:
-                self.end_dead = dead
             if self.rank in dead:
                 self._fence(f"world {self.world} ended without this rank (declared dead)")
             else:
