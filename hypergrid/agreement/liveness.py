@@ -300,13 +300,30 @@ def world_keys(world: int) -> list[str]:
     return [done_key(world), members_key(world), f"{members_key(world)}-count"]
 
 
+#: The watch's count while its last live member deletes its keys: a join that meets it waits for them to go.
+CLOSING = -(2**40)
+CLOSING_POLL_S = 0.005
+
+
 def record_member(store: Any, world: int, rank: int, joined: bool, dead: int = 0) -> int:
-    """``rank`` joins (``joined``) or leaves world ``world``'s watch (`members_key`); the last live rank to leave
-    (``dead``: how many of the world's members the roll calls found dead, which never leave) deletes the world's
-    keys (`world_keys`). Two requests, three more for the last."""
-    store.append(members_key(world), f"{'+' if joined else '-'}{rank}\n")
-    count = int(store.add(f"{members_key(world)}-count", 1 if joined else -1))
-    if count <= (0 if joined else dead):
-        for key in world_keys(world):
-            store.delete_key(key)
+    """``rank`` joins (``joined``) or leaves world ``world``'s watch (`members_key`); the count after it.
+
+    The last live rank to leave (``dead``: how many of the world's members the roll calls found dead, which never
+    leave) deletes the world's keys (`world_keys`), after marking the count `CLOSING` with one ``compare_set`` that
+    fails where a rank joined since (then the watch stays). A rank that joins while the keys are deleted finds
+    the mark, waits until the count is gone and joins the new watch: it is listed only after its count went in,
+    so no deletion can take its entry away. Two requests to join or leave, four more for the last.
+    """
+    count_key = f"{members_key(world)}-count"
+    if not joined:
+        store.append(members_key(world), f"-{rank}\n")
+        count = int(store.add(count_key, -1))
+        if count <= dead and store.compare_set(count_key, str(count), str(CLOSING)) == str(CLOSING).encode():
+            for key in world_keys(world):  # (the count last: a join that met the mark waits for it to go)
+                store.delete_key(key)
+        return count
+    while (count := int(store.add(count_key, 1))) < 0:  # a deletion of the watch's keys is under way
+        while (data := diagnosis.read(store, count_key)) is not None and int(data) < 0:
+            time.sleep(CLOSING_POLL_S)
+    store.append(members_key(world), f"+{rank}\n")
     return count

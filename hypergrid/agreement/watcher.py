@@ -116,10 +116,7 @@ class Watcher:
         """Start the thread, then list this rank in the world's watch (`record_member`): from now on a roll call
         that it does not answer names it dead (before, it is *late*)."""
         self._thread.start()
-        if record_member(self.side, self.world, self.rank, joined=True) == 1:  # the first: the last to leave before
-            time.sleep(0.05)  # it may delete the watch's keys just after this join; then it joins again
-            if not self.side.check([members_key(self.world)]):
-                record_member(self.side, self.world, self.rank, joined=True)
+        record_member(self.side, self.world, self.rank, joined=True)
         self.joined = True  # (from now on the world's watch lists it: its absence means the world ended)
         done = diagnosis.read(self.side, done_key(self.world))  # an incident that closed since `first` was read
         with self._changed:  # (it called this rank absent): the thread moves past it
