@@ -12,10 +12,14 @@ One process per GPU. The steps (`plan_steps` says which run and why the others d
   (blocking and ``async_op``, checked collectives, ``average_gradients``,
   ``exchange``), the bridge between two grids and the autograd mappings
   (benchmarks/gpu_workers.py).
-- ``death`` (2 GPUs or more): the last rank exits without a word in the middle
-  of NCCL all-reduces; each survivor must get ``RankFailure`` naming it (NCCL's
-  communicator aborted), ``shrink`` to the others and all-reduce on the new grid
-  (benchmarks/gpu_death.py).
+- ``death`` (2 GPUs or more): under ``python -m hypergrid.run`` (its agent
+  announces the death), the last rank is SIGKILLed in an NCCL all-reduce, then
+  where the others wait in a ``create_pg`` for it, then (3 GPUs or more) while a
+  shrink forms its world; each survivor must get ``RankFailure`` naming it
+  (NCCL's communicators aborted), ``shrink`` to the others and all-reduce on
+  the new grid, and the seconds from the death are reported
+  (benchmarks/detection.py; benchmarks/gpu_death.py is the same death under
+  ``hypergrid.spawn``, by hand).
 - ``allreduce``: benchmarks/allreduce.py under torchrun: algbw and busbw as
   nccl-tests computes them, hypergrid's groups and plain ``new_group`` ones
   (the raw torch.distributed baseline) side by side in the same run, from 8 bytes
@@ -88,7 +92,7 @@ def plan_steps(gpus: int) -> list[Step]:
         >>> [s.skipped for s in plan_steps(1)][1]
         'needs 2 GPUs or more: a world of one has no peer to lose'
     """
-    workers, death, bench = "benchmarks/gpu_workers.py", "benchmarks/gpu_death.py", "benchmarks/allreduce.py"
+    workers, death, bench = "benchmarks/gpu_workers.py", "benchmarks/detection.py", "benchmarks/allreduce.py"
     if gpus < 1:
         why = "no CUDA GPU here (or no NCCL in this torch): nothing of NCCL can run"
         return [Step(name, 0, (), 0.0, why) for name in ("ops", "death", "allreduce")]
@@ -101,11 +105,22 @@ def plan_steps(gpus: int) -> list[Step]:
     one = "one rank: busbw is 0 by nccl-tests' factor 2(n-1)/n, algbw is the GPU's own copy" if gpus == 1 else ""
     return [
         Step("ops", gpus, _torchrun(gpus, workers, "ops"), 0.35, note=ops_note),
-        Step("death", gpus, (sys.executable, death, "--nprocs", str(gpus), "--timeout", "40"), 0.35)
+        Step("death", gpus, (sys.executable, death, "--world", str(gpus), *death_args(gpus)), 0.35)
         if gpus >= 2
         else Step("death", gpus, (), 0.0, "needs 2 GPUs or more: a world of one has no peer to lose"),
         Step("allreduce", gpus, _torchrun(gpus, bench, *bench_args), 0.30, note=one),
     ]
+
+
+def death_args(gpus: int) -> tuple[str, ...]:
+    """The death step's places: the shrink's needs a survivor after two deaths (3 GPUs or more).
+
+    Examples:
+        >>> death_args(2)
+        ('--places', 'step,create', '--repeats', '1', '--backend', 'nccl')
+    """
+    places = "step,create,shrink" if gpus >= 3 else "step,create"
+    return ("--places", places, "--repeats", "1", "--backend", "nccl")
 
 
 def count_gpus() -> tuple[int, str]:

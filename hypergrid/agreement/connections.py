@@ -21,18 +21,30 @@ class CallStore:
     The main thread's connection (torch's default store) is free whenever the
     main thread itself calls; a thread that calls while the main thread may be
     blocked on it (a prober in a slow barrier) gets a connection of its own,
-    opened once and kept until the world closes.
+    opened once and kept until the world closes. The watcher's thread calls
+    through its own connection (`lend`): the failure it reports opens none
+    (torch: two threads of one process that open a client at once, one may
+    wait 5 s; docs/design/rollcall.md, "Connections opened on the way").
     """
 
     def __init__(self, base: Any) -> None:
         self.base = base
         self._own: Any = None
+        self._lent: tuple[threading.Thread, Any] | None = None
         self._closed = False
         self._lock = threading.Lock()
 
+    def lend(self, thread: threading.Thread, connection: Any) -> None:
+        """``thread`` calls through ``connection`` (one that no other thread uses while ``thread`` runs)."""
+        self._lent = (thread, connection)
+
     def connection(self) -> Any:
-        if threading.current_thread() is threading.main_thread():
+        current = threading.current_thread()
+        if current is threading.main_thread():
             return self.base
+        lent = self._lent
+        if lent is not None and lent[0] is current and not self._closed:
+            return lent[1]
         with self._lock:
             if self._closed:  # (a thread still finishing, a prober say: it stops on a store error)
                 raise RuntimeError("this world's store connections are closed")
@@ -43,7 +55,7 @@ class CallStore:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            self._own = None  # torch closes the socket with the object
+            self._own, self._lent = None, None  # torch closes the socket with the object
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.connection(), name)

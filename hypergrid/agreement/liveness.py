@@ -25,9 +25,11 @@ from hypergrid.agreement.rollkeys import (
     done_key,
     end_text,
     ended_key,
+    gone_of,
     incident_prefix,
     member_status,
     members_key,
+    said_of,
     wake_key,
     wake_keys,
 )
@@ -63,7 +65,7 @@ MULTI_SET_KEYS = 256
 
 
 #: The keys of an incident, in the order its last reader deletes them (the call before ``woken``: see `Incident.call`).
-INCIDENT_KEYS = ("call", "woken", "alive", "count", "verdict", "read")
+INCIDENT_KEYS = ("call", "woken", "alive", "count", "verdict", "read", "gone")
 
 
 def bound_s(ranks: int, liveness_s: float | None = None) -> float:
@@ -98,6 +100,7 @@ class Incident:
         self.expected = expected
         self._complete = False
         self._order = 0  # this rank's place among the answers
+        self.gone: tuple[int, ...] = ()  # expected ranks the call declares dead (a launcher's agent saw them exit)
         self.stop: Callable[[], bool] = lambda: False  # whether to give up (the watcher stopped: `interrupt`)
         self.waker: Any = None  # a second connection: ends a wait for ``I/woken`` at its deadline (`diagnosis`)
 
@@ -147,7 +150,10 @@ class Incident:
         if data is not None and not data.startswith(END.encode()):  # an end is not a roll call (`end_text`)
             self.store.append(self.key("alive"), f"{self.rank}\n")
             self._order = self.store.add(self.key("count"), 1)
-            self._complete = self._order >= len(self.expected)
+            expected = set(self.expected)
+            self.gone = tuple(rank for rank in gone_of(data.decode()) if rank in expected and rank != self.rank)
+            alive = [rank for rank in self.expected if rank not in set(self.gone)]
+            self._complete = self._order >= len(alive) and majority(alive, self.expected)
         return None if data is None else data.decode()
 
     def close(self, call: str, seen: float, liveness_s: float | None = None) -> Verdict | None:
@@ -162,7 +168,7 @@ class Incident:
         fallback = seen + bound_s(len(self.expected), liveness_s)
         if self._complete:  # published after the wake's end (`wake_key`), which every answer needed anyway
             diagnosis.wait_for(self.store, self.key("woken"), fallback, self.stop, self.waker)
-            return None if self.stop() else self._publish(Verdict(kind, (), text))
+            return None if self.stop() else self._publish(Verdict(kind, self.gone, said_of(text)))
         if self._order > 2:
             until = fallback + BACKUP_S
         elif diagnosis.wait_for(self.store, self.key("woken"), fallback, self.stop, self.waker):
@@ -186,12 +192,19 @@ class Incident:
         status = member_status(diagnosis.read(self.store, members_key(self.world)))
         answered = diagnosis.alive_of(self.store, self.prefix)  # one set, not one per rank (O(N^2))
         alive = tuple(rank for rank in self.expected if rank in answered)
-        counted = [rank for rank in self.expected if rank in answered or status.get(rank, False)]
+        gone = set(self.declared(f"{kind} {text}"))  # declared dead by a launcher's agent: dead, joined or not
+        counted = [rank for rank in self.expected if rank in answered or rank in gone or status.get(rank, False)]
         if not majority(alive, counted):
-            return Verdict("minority", (), text, alive, readers=len(alive))
+            return Verdict("minority", (), said_of(text), alive, readers=len(alive))
         dead = tuple(rank for rank in counted if rank not in answered)
-        absent = tuple(rank for rank in self.expected if rank not in answered and not status.get(rank, False))
-        return Verdict(kind, dead, text, absent=absent, readers=len(alive))
+        absent = tuple(rank for rank in self.expected if rank not in answered and rank not in counted)
+        return Verdict(kind, dead, said_of(text), absent=absent, readers=len(alive))
+
+    def declared(self, call: str = "") -> set[int]:
+        """The expected ranks declared dead: by ``call`` (`gone_of`), or, once the incident was open, in ``I/gone``
+        (a launcher's agent that saw a worker exit while another rank's roll call was open). One read."""
+        listed = {int(line) for line in (diagnosis.read(self.store, self.key("gone")) or b"").decode().split()}
+        return (listed | set(gone_of(call)) | set(self.gone)) & set(self.expected)
 
     def _settle(self, seen: float, fallback: float, liveness: float) -> float:
         """A closer that saw ``I/woken`` just now: when to stop waiting for the verdict (then it publishes one).
@@ -211,12 +224,12 @@ class Incident:
             current = diagnosis.read(self.store, self.key("count"))
             if current is None:
                 return now  # over: its verdict read by the others (this rank was too late)
-            if int(current) >= len(self.expected) or self.store.check([self.key("verdict")]):
+            if int(current) >= len(self.expected) - len(self.gone) or self.store.check([self.key("verdict")]):
                 return cap  # complete (its last answer publishes the verdict), or the other closer published it
             if current != count:
                 count, since = current, time.monotonic()  # an answer came in since the last read
-            elif now - since >= liveness:
-                return now
+            elif now - since >= liveness or int(current) >= len(self.expected) - len(self.declared()):
+                return now  # quiet for a bound, or quiet with every rank that is not declared gone answered
             self._pause(min(pace, cap - now))
         return time.monotonic() if self.stop() else cap
 

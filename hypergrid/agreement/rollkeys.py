@@ -17,9 +17,12 @@ __all__ = [
     "done_key",
     "end_text",
     "ended_key",
+    "gone_of",
+    "gone_text",
     "incident_prefix",
     "member_status",
     "members_key",
+    "said_of",
     "wake_key",
     "wake_keys",
 ]
@@ -29,6 +32,9 @@ PREFIX = "hypergrid/live"
 #: Consecutive ranks whose watchers share one wake key: a node's GPUs in torchrun's numbering (a roll call writes one
 #: key per block; a closing world's watcher wakes its block's others, `hypergrid.agreement.watcher.Watcher.halt`).
 WAKE_BLOCK = 8
+
+#: What starts a call's text that declares ranks dead (`gone_text`).
+GONE = "[gone "
 
 #: The call that ends a world (its ranks moved to the next one): ``end [dead, readers]``.
 END = "end "
@@ -45,6 +51,35 @@ def end_text(dead: Sequence[int], world_size: int, caller: int | None = None) ->
         ('end [[3], 7]', 'end [[3], 7, 0]')
     """
     return END + json.dumps([sorted(dead), world_size - len(set(dead)), *([] if caller is None else [caller])])
+
+
+def gone_text(gone: Sequence[int], text: str) -> str:
+    """A call's text that declares ``gone`` dead: ranks whose process a launcher's agent saw exit (`gone_of`).
+
+    Examples:
+        >>> gone_text([3, 5], "rank 3 died"), gone_of("failure " + gone_text([3], "x")), gone_of("failure x")
+        ('[gone 3,5] rank 3 died', (3,), ())
+    """
+    return f"{GONE}{','.join(str(rank) for rank in sorted(gone))}] {text}"
+
+
+def gone_of(call: str) -> tuple[int, ...]:
+    """The ranks a call (``kind text``) declares dead (`gone_text`); () for a call that declares none."""
+    text = call.partition(" ")[2]
+    if not text.startswith(GONE):
+        return ()
+    listed = text[len(GONE) :].partition("]")[0]
+    return tuple(int(rank) for rank in listed.split(",") if rank)
+
+
+def said_of(text: str) -> str:
+    """A call's text without its declaration of the dead (`gone_text`): what the verdict says.
+
+    Examples:
+        >>> said_of(gone_text([2, 3], "ranks 2-3 died")), said_of("rank 1 raised")
+        ('ranks 2-3 died', 'rank 1 raised')
+    """
+    return text[len(GONE) :].partition("] ")[2] if text.startswith(GONE) else text
 
 
 def members_key(world: int) -> str:

@@ -112,6 +112,11 @@ class Watcher:
 
     # -- life ------------------------------------------------------------------
 
+    @property
+    def thread(self) -> threading.Thread:
+        """The watcher's thread (it calls through ``store`` alone: `CallStore.lend`)."""
+        return self._thread
+
     def start(self) -> Watcher:
         """Start the thread, then list this rank in the world's watch (`record_member`): from now on a roll call
         that it does not answer names it dead (before, it is *late*)."""

@@ -42,6 +42,7 @@ from hypergrid.binding.alarm import Alarm, Job
 from hypergrid.binding.failures import sever_torch_groups
 from hypergrid.errors import GridReplacedError, NotInitializedError
 from hypergrid.launch import sockets
+from hypergrid.launch.ledger import publish_liveness
 
 __all__ = ["CLOSED", "OPEN", "REPLACED", "World"]
 
@@ -208,7 +209,11 @@ class World:
                 on_fence=self.fence,
                 job=self.job,
                 first=first,
-            ).start()
+            )
+            self.calls.lend(watcher.thread, self._link)  # its failure's path opens no connection
+            watcher.start()
+            if self.number == 0 and self.rank == 0:  # under hypergrid.run: where its agents write a death's call
+                publish_liveness(self.base_store)
         self.watcher = watcher
         self.alarm.install(watcher.alarm_reporter, watcher.excluded)
         watcher.on_failure(self._failed)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -91,6 +91,7 @@ def reform_world(
     timeout: datetime.timedelta | None,
     excluded: list[int] | None = None,
     bound_s: float | None = None,
+    forming_on: Callable[[Any], Any] | None = None,
 ) -> str | None:
     """Tear down the old world and join world ``number`` of ``size`` ranks as ``rank``; the new world's namespace.
 
@@ -101,7 +102,9 @@ def reform_world(
     left out, when the others keep their order; then a backend that can shrink (`can_shrink`) shrinks the default
     group in place instead of re-forming it (``namespace``, the old world's, stays). ``bound_s``: torch waits at
     most this long for the other ranks while it forms the world (a death there fails it instead of hanging it);
-    the world then gets ``timeout`` (else the old world's) for its collectives. The namespace returned is where
+    the world then gets ``timeout`` (else the old world's) for its collectives. ``forming_on(store)``: the store
+    torch forms the world on (`hypergrid.binding.interruptible.InterruptibleStore`: a death there ends torch's wait
+    at once), ``store`` itself by default. The namespace returned is where
     the world's default group keeps its keys in ``base_store`` (torch's ``_get_default_store()`` is
     ``base_store`` under it).
     """
@@ -112,7 +115,8 @@ def reform_world(
     else:
         tear_down(job)
         bounded = timeout if bound_s is None else min(timeout, datetime.timedelta(seconds=bound_s))
-        store = dist.PrefixStore(world_prefix(number), base_store)  # type: ignore[attr-defined]
+        plain = dist.PrefixStore(world_prefix(number), base_store)  # type: ignore[attr-defined]
+        store = plain if forming_on is None else forming_on(plain)
         before = sockets.snapshot()
         # torch names the default group from a counter (its keys in ``store`` go under that name) and counts it
         # before the rendezvous: a member whose last attempt failed inside init_process_group kept the count that a
@@ -124,6 +128,9 @@ def reform_world(
         # torch keeps the group's keys under "<group name>/" in the store it is given (torch 2.4 to 2.13)
         world: Any = dist.group.WORLD
         namespace = f"{world_prefix(number)}/{c10d._world.pg_names[world]}/"
+        backend_name, kept = c10d._world.pg_map[world]
+        if store is not plain and getattr(kept, "underlying_store", None) is store:  # the group's later stores: plain
+            c10d._world.pg_map[world] = (backend_name, dist.PrefixStore(f"{c10d._world.pg_names[world]}/", plain))  # type: ignore[attr-defined]
         if bounded != timeout:
             c10d._set_pg_timeout(timeout, dist.group.WORLD)
     for name, value in (("RANK", rank), ("WORLD_SIZE", size)):

@@ -23,13 +23,16 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.agreement.barrier import Barrier, BarrierFailed, Vigil, probe_every_s
+from hypergrid.agreement.connections import Within
 from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.liveness import PREFIX as LIVE_PREFIX
 from hypergrid.agreement.liveness import PROBE, ended_key
 from hypergrid.agreement.membership import MembershipRound, Proposal, round_prefix
 from hypergrid.agreement.world import World
+from hypergrid.binding import reform
 from hypergrid.binding.alarm import quoted
 from hypergrid.binding.failures import abort_groups, communicate, sever_torch_groups
+from hypergrid.binding.interruptible import Formation
 from hypergrid.binding.reform import forget_keys, forget_numbered, formed, reform_world, tear_down, world_keys
 from hypergrid.binding.registry import guard_key
 from hypergrid.errors import DesyncError, FencedError, HyperGridError, RankFailure
@@ -94,6 +97,7 @@ class Recovery:
         self.rank = world.rank
         self.how = formed()  # the old world's backend and timeout, which the new one keeps
         self.forming: World | None = None  # the world an attempt is forming, once torch formed it
+        self.formation: Formation | None = None  # the store torch forms an attempt's world on
         self.slices = GLOO_WAITS if self.how[0] == "gloo" else 1  # torch's waits: timeout_s in that many
         self.torch_bound_s, self.late, self.ready = timeout_s / self.slices, 0, False
         self.clock = Phases()
@@ -234,6 +238,8 @@ class Recovery:
 
     def _end_forming(self, dead: list[int], text: str) -> None:
         """A member died while world is formed (the vigil heard it): end the waits of torch and of the new world."""
+        if self.formation is not None:  # torch's rendezvous, where the others wait for the dead member's keys
+            self.formation.interrupt(BarrierFailed(text, dead))
         sever_torch_groups()
         if self.forming is not None:
             self.forming.alarm.sound(dead, text)
@@ -264,6 +270,8 @@ class Recovery:
         commit = barrier("commit", f"world {number}'s families", self.timeout_s)
         stale: list[str] = []
         commit.before_ok = lambda: stale.extend(world_keys(base, number))
+        vigil: Vigil | None = None
+        self.formation = Formation(Within(self.world.calls, reform.world_prefix(number)))  # (the waker: per thread)
         try:
             # After a failed attempt, a member may still be inside torch's wait of that attempt (bounded by
             # timeout_s, begun before this rank saw the failure): it is alive and comes once torch gives up, so
@@ -281,11 +289,11 @@ class Recovery:
             watch, prober = (None, None) if old is None else (old.on_dead, probe if new_rank < 2 else None)
             what = f"forming world {number}"
             with Vigil(watch, plan.old_to_new, what, self._end_forming, prober, probe_every_s(size)) as vigil:
-                namespace = self.world.namespace
                 namespace = reform_world(
-                    base, number, namespace, new_rank, size, self.how, self.world.job, timeout, excluded,
-                    self.torch_bound_s,
+                    base, number, self.world.namespace, new_rank, size, self.how, self.world.job, timeout, excluded,
+                    self.torch_bound_s, self.formation.on,
                 )  # fmt: skip
+                self.formation.disarm()
                 self.forming = self.world.successor_world(number, new_rank, size, namespace)
                 new._core.adopt(self.forming, join=False)  # joined once the commit passed (`carry_on`)
                 vigil.check()
@@ -298,7 +306,8 @@ class Recovery:
             if isinstance(error, FencedError):
                 raise
             said = quoted(error)
-            dead = getattr(error, "dead", None) or (probe() if probe is not None else [])
+            heard = [] if vigil is None else vigil.dead  # (torch may pass the interruption on as its own error)
+            dead = getattr(error, "dead", None) or heard or (probe() if probe is not None else [])
             commit.give_up(f"rank {new_rank} could not form world {number}: {said}", dead)
         commit.deadline = time.monotonic() + self.timeout_s
         commit.run()

@@ -13,7 +13,9 @@ import dataclasses
 import datetime
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
@@ -26,6 +28,7 @@ from hypergrid.errors import InvalidArgumentError
 from hypergrid.launch.health import HealthRound
 from hypergrid.launch.ledger import LEDGER_ENV, agree_ledger, parse_ranks, raised, read_shrunk
 from hypergrid.launch.outcomes import WorkerOutcome, judge
+from hypergrid.launch.ring import AgentRing, local_address
 from hypergrid.values import format_ranks
 
 __all__ = ["MinHealthyAgent", "WorkerOutcome", "report"]
@@ -51,6 +54,9 @@ class MinHealthyAgent(LocalElasticAgent):
             stops them and fails.
         exit_barrier_timeout_s: how long an agent whose workers have all exited
             waits for the other agents' workers before it exits anyway.
+        on_death: ``on_death(store, ledger, ranks, world_size, said)``, run the moment a worker is seen failed,
+            or another agent watched through the ring (`hypergrid.launch.ring`) is seen dead, with its workers
+            (``hypergrid.agreement.sentinel.announce_death``: the survivors' roll call); never raises out.
         start_method, log_line_prefix_template, shutdown_timeout: as for ``LocalElasticAgent``.
 
     Raises:
@@ -67,6 +73,7 @@ class MinHealthyAgent(LocalElasticAgent):
         start_method: str = "spawn",
         log_line_prefix_template: str | None = None,
         shutdown_timeout: int = 30,
+        on_death: Callable[[Any, str, list[int], int, str], object] | None = None,
     ) -> None:
         if not isinstance(spec.entrypoint, str):
             raise InvalidArgumentError(
@@ -90,11 +97,16 @@ class MinHealthyAgent(LocalElasticAgent):
         self.job_workers = 0  # the job's number of workers (the last rendezvous)
         self.verdict = ""  # why the run ended as it did, for the summary
         self.health: HealthRound | None = None
+        self.ring: AgentRing | None = None  # this round's watch of the next agent (several nodes only)
         self.ledger = ""  # the round's ledger prefix (hypergrid.launch.ledger), named in the workers' environment
+        self.on_death = on_death
+        self._store_client: Any = None
+        self._client_lock = threading.Lock()
 
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         """torchelastic's start, with the round's ledger named in the workers' environment (they inherit ours)."""
         self.ledger = agree_ledger(worker_group.store, self.restarts_used)
+        self._store_client = None  # (a new round may have a new store)
         os.environ[LEDGER_ENV] = self.ledger
         started: dict[int, Any] = super()._start_workers(worker_group)
         return started
@@ -105,6 +117,7 @@ class MinHealthyAgent(LocalElasticAgent):
         group = self._worker_group
         if self.health is not None:
             self.health.stop_watching()
+        self._leave_ring()
         self.outcomes = {}
         self.job_workers = group.workers[0].world_size
         self.health = HealthRound(
@@ -115,6 +128,49 @@ class MinHealthyAgent(LocalElasticAgent):
             min_healthy=self.min_healthy,
         )
         self.health.start_watching()
+        if self.on_death is not None and self.health.agents > 1:
+            self._join_ring(group)
+
+    def _join_ring(self, group: Any) -> None:
+        """Watch the next agent of the round (`AgentRing`): its death is its workers' (they die with it)."""
+        health = self.health
+        assert health is not None
+        ring = AgentRing(
+            group.store,
+            health.prefix,
+            self._index(),
+            health.agents,
+            [worker.global_rank for worker in group.workers],
+            self._agent_lost,
+            host=local_address(str(group.master_addr)),
+            report=report,
+        )
+        try:
+            ring.start()
+        except Exception as error:  # the job runs on; the others' workers find this node's deaths their own way
+            report(f"could not join the agents' ring ({type(error).__name__}: {error})")
+            return
+        self.ring = ring
+
+    def _leave_ring(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+
+    def _index(self) -> int:
+        return int(cast(int, self._worker_group.group_rank))  # this agent's place, set by the rendezvous
+
+    def _agent_lost(self, index: int, ranks: list[int], said: str) -> None:
+        """The ring found agent ``index`` dead: its workers went with it; tell the survivors, and count them."""
+        health = self.health
+        report(f"worker ranks {format_ranks(ranks)} {said}")
+        self._announce(ranks, said)
+        if health is None:
+            return
+        try:
+            health.count_dead_agent(index, ranks, f"ring {self._index()}", self._read_ledger)
+        except Exception as error:  # (the store's host was the dead agent: nothing left to count on)
+            report(f"could not count ranks {format_ranks(ranks)} as failed ({type(error).__name__}: {error})")
 
     def _handlers(self) -> dict[int, Any]:
         pcontext: Any = self._pcontext
@@ -149,9 +205,10 @@ class MinHealthyAgent(LocalElasticAgent):
             return "below"
         below = False
         for outcome in self._exits():  # count every failure seen, then decide
-            if not outcome.failed:
-                continue
+            if not health.claim(outcome.rank, f"agent {self._index()}") or not outcome.failed:
+                continue  # (claimed already: the ring found this agent dead, and counted it)
             below = health.record_failure() or below
+            self._announce([outcome.rank], outcome.describe())
             report(
                 f"worker rank {outcome.rank} (local rank {outcome.local_rank}, pid {outcome.pid}) "
                 f"{outcome.describe()}; {health.healthy()} of {health.workers} workers of the job healthy, "
@@ -161,12 +218,27 @@ class MinHealthyAgent(LocalElasticAgent):
             return "below"
         return "done" if len(self.outcomes) == len(self._worker_group.workers) else "running"
 
+    def _client(self) -> Any:
+        """A connection to the workers' store (hosted by node 0's agent), opened once per round."""
+        with self._client_lock:  # (the ring's thread may ask too)
+            if self._store_client is None:
+                group = self._worker_group
+                address, port = str(group.master_addr), int(cast(int, group.master_port))  # set by the rendezvous
+                self._store_client = TCPStore(address, port, is_master=False, timeout=_LEDGER_TIMEOUT)
+            return self._store_client
+
     def _read_ledger(self) -> str:
-        """The ledger's list of the ranks shrinks excluded, from the workers' store (hosted by node 0's agent)."""
-        group = self._worker_group
-        address, port = str(group.master_addr), int(cast(int, group.master_port))  # set by the rendezvous
-        client = TCPStore(address, port, is_master=False, timeout=_LEDGER_TIMEOUT)
-        return read_shrunk(client, self.ledger)
+        """The ledger's list of the ranks shrinks excluded, from the workers' store."""
+        return read_shrunk(self._client(), self.ledger)
+
+    def _announce(self, ranks: list[int], said: str) -> None:
+        """Workers died: tell the survivors at once (their roll call), where an announcer is set."""
+        if self.on_death is None:
+            return
+        try:
+            self.on_death(self._client(), self.ledger, ranks, self.job_workers, said)
+        except Exception as error:  # the survivors find it their own way: a failed operation, a probe
+            report(f"could not tell the survivors of ranks {format_ranks(ranks)} ({type(error).__name__}: {error})")
 
     def _judge(self, barrier: str) -> WorkerState:
         """Every worker of the job has exited: mark the deaths a shrink accounted for, and give the verdict."""
@@ -177,7 +249,7 @@ class MinHealthyAgent(LocalElasticAgent):
         except Exception as error:  # no store, no proof: every death counts as unaccounted
             report(f"could not read which deaths a shrink accounted for ({type(error).__name__}: {error})")
             listed = ""
-        health.leave()
+        health.leave(index=self._index())
         for rank in parse_ranks(listed) & set(self.outcomes):
             if self.outcomes[rank].failed:
                 self.outcomes[rank] = dataclasses.replace(self.outcomes[rank], shrunk=True)
@@ -198,6 +270,7 @@ class MinHealthyAgent(LocalElasticAgent):
 
     def _result(self, state: WorkerState) -> RunResult:
         self._worker_group.state = state
+        self._leave_ring()
         if self.health is not None:
             self.health.stop_watching()
         self._count_job()
@@ -225,7 +298,7 @@ class MinHealthyAgent(LocalElasticAgent):
             health = self.health
             assert health is not None
             if state == "done":
-                barrier = health.exit_barrier(self.exit_barrier_timeout_s, self._read_ledger)
+                barrier = health.exit_barrier(self.exit_barrier_timeout_s, self._read_ledger, self._index())
                 if barrier == "timeout":
                     report(
                         f"the other agents' workers did not finish within {self.exit_barrier_timeout_s:g} s "
@@ -250,6 +323,7 @@ class MinHealthyAgent(LocalElasticAgent):
     def record_stop(self, verdict: str) -> None:
         """After ``run`` ended abnormally (the launcher signalled, the agent raised): note how and who was stopped."""
         self.verdict = verdict
+        self._leave_ring()
         if self._pcontext is not None and self._worker_group.workers and self._worker_group.store is not None:
             self._exits(stopped=True)
         self._count_job()  # the summary counts the failures it lists

@@ -51,6 +51,7 @@ class HealthRound:
         self.verdict = ""  # the verdict's text once one is known: "<failed> of <workers> workers failed"
         self._fired = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._waiter: Any = None  # the barriers' own connection (`_wait`)
 
     def _key(self, name: str) -> str:
         return self.prefix + name
@@ -117,44 +118,84 @@ class HealthRound:
         self._watcher.join(join_s)
         return not self._watcher.is_alive()
 
-    def exit_barrier(self, timeout_s: float, read_shrunk: Callable[[], str] | None = None) -> str:
+    def claim(self, rank: int, by: str) -> bool:
+        """Whether this is the first account of worker ``rank``'s end: by its agent, or (``by`` another name) by the
+        agent that found its agent dead (`count_dead_agent`). One ``compare_set``: no end is counted twice."""
+        return bool(self.store.compare_set(self._key(f"ended/{rank}"), "", by).decode() == by)
+
+    def count_dead_agent(self, index: int, ranks: list[int], by: str, read_shrunk: Callable[[], str] | None) -> bool:
+        """Agent ``index`` died with its workers ``ranks`` (`hypergrid.launch.ring`): each one whose end its agent did
+        not account for counts as failed, and the agent as arrived at the exit barrier (nobody waits for it).
+        Whether the job fell below the minimum."""
+        below = False
+        for rank in ranks:
+            if self.claim(rank, by):
+                below = self.record_failure() or below
+        self._arrive(index, by, read_shrunk)
+        if self.agents > 1 and self._count("left", index, by) >= self.agents:
+            self.store.set(self._key("gone"), "all")  # (the others wait in `leave` for it)
+        return below
+
+    def _arrive(self, index: int | None, by: str, read_shrunk: Callable[[], str] | None) -> None:
+        """Count agent ``index`` at the exit barrier, once (None: uncounted by name); the last one releases it."""
+        if self._count("arrived", index, by) < self.agents:
+            return
+        if read_shrunk is not None and int(self.store.add(self._key("failed"), 0)) > 0:
+            try:
+                listed = read_shrunk()
+            except Exception:  # unread: every death counts as unaccounted
+                listed = ""
+            self.store.set(self._key("shrunk"), listed)
+        self.store.set(self._key("done"), "all")
+
+    def _count(self, name: str, index: int | None, by: str) -> int:
+        """Add agent ``index`` to the count ``name`` once (by itself, or by the agent that found it dead; None:
+        uncounted by name); the count after it."""
+        counted = index is None or self.store.compare_set(self._key(f"{name}/{index}"), "", by).decode() == by
+        return int(self.store.add(self._key(name), 1 if counted else 0))
+
+    def exit_barrier(
+        self, timeout_s: float, read_shrunk: Callable[[], str] | None = None, index: int | None = None
+    ) -> str:
         """Wait until every agent's workers have exited, or a verdict; ``"done"``, ``"verdict"`` or ``"timeout"``.
 
         ``read_shrunk``: called by the last agent to arrive (every worker of the job has exited then, and every agent
         still waits) when any worker failed; what it returns (the ledger's list of ranks that shrinks excluded) reaches
-        every agent through ``shrunk``.
+        every agent through ``shrunk``. ``index``: this agent's place, so that an agent found dead that had arrived
+        already is not counted twice (`count_dead_agent`).
         """
-        if self.store.add(self._key("arrived"), 1) >= self.agents:
-            if read_shrunk is not None and int(self.store.add(self._key("failed"), 0)) > 0:
-                try:
-                    listed = read_shrunk()
-                except Exception:  # unread: every death counts as unaccounted
-                    listed = ""
-                self.store.set(self._key("shrunk"), listed)
-            self.store.set(self._key("done"), "all")
+        self._arrive(index, f"agent {index}", read_shrunk)
         try:
-            self.store.wait([self._key("done")], datetime.timedelta(seconds=timeout_s))
+            self._wait("done", timeout_s)
         except DistStoreError:
             return "timeout"
         return "verdict" if self._settle(self.store) else "done"
+
+    def _wait(self, name: str, timeout_s: float) -> None:
+        """Wait for a key on a connection of its own: torch's client holds its lock through a wait, and the ring's
+        thread (`count_dead_agent`) must reach the store meanwhile."""
+        if self._waiter is None:
+            self._waiter = self.store.clone()
+        self._waiter.wait([self._key(name)], datetime.timedelta(seconds=timeout_s))
 
     def shrunk(self) -> str:
         """After an exit barrier that ended ``"done"``: the list the last agent read (``""``: none, or unread)."""
         key = self._key("shrunk")
         return self.store.get(key).decode() if self.store.check([key]) else ""
 
-    def leave(self, timeout_s: float = 10.0) -> None:
+    def leave(self, timeout_s: float = 10.0, index: int | None = None) -> None:
         """Wait (at most ``timeout_s``) until every agent has read what the barrier handed out, before exiting.
 
         An agent may host the store the others still read; nothing is lost
-        when it cannot be reached any more (the others are done with it).
+        when it cannot be reached any more (the others are done with it). ``index``: this agent's place (an agent
+        found dead is counted as gone by the one that found it, `count_dead_agent`).
         """
         if self.agents < 2:
             return
         try:
-            if self.store.add(self._key("left"), 1) >= self.agents:
+            if self._count("left", index, f"agent {index}") >= self.agents:
                 self.store.set(self._key("gone"), "all")
                 return
-            self.store.wait([self._key("gone")], datetime.timedelta(seconds=timeout_s))
+            self._wait("gone", timeout_s)
         except Exception:  # the host left first, or the wait timed out: nothing more to wait for
             return

@@ -13,7 +13,8 @@ import argparse
 import os
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch.distributed.elastic.rendezvous.registry as rdzv_registry
 from torch.distributed.elastic import events
@@ -123,8 +124,11 @@ def launch(
     *,
     min_healthy: int = 1,
     exit_barrier_timeout_s: float = DEFAULT_EXIT_BARRIER_TIMEOUT_S,
+    on_death: Callable[[Any, str, list[int], int, str], object] | None = None,
 ) -> int:
     """Run ``entrypoint args`` on this node's workers under ``MinHealthyAgent``; the exit code.
+
+    ``on_death``: the agent's announcer of a worker's death (``MinHealthyAgent``'s).
 
     torchrun's ``launch_agent``, with our agent: the same rendezvous handler, worker spec, metrics and events. Prints
     the summary (``MinHealthyAgent.summary``) on stderr before returning.
@@ -188,6 +192,7 @@ def launch(
         start_method=config.start_method,
         log_line_prefix_template=config.log_line_prefix_template,
         shutdown_timeout=config.shutdown_timeout or 30,
+        on_death=on_death,
     )
     initialize_metrics(MetricsConfig(config.metrics_cfg))
     close_rendezvous, code = True, _FAILED
@@ -210,10 +215,13 @@ def launch(
     return code
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, on_death: Callable[[Any, str, list[int], int, str], object] | None = None
+) -> int:
     """``python -m hypergrid.run [torchrun's flags] [--min-healthy N] SCRIPT [ARGS...]``; the exit code.
 
-    A bad command line is one line on stderr naming the flag and its value, exit code 2.
+    A bad command line is one line on stderr naming the flag and its value, exit code 2. ``on_death``: what the
+    agent runs the moment a worker fails (``hypergrid.run`` passes the survivors' roll call).
     """
     try:
         args = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
@@ -227,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             command_args,
             min_healthy=args.min_healthy,
             exit_barrier_timeout_s=args.exit_barrier_timeout,
+            on_death=on_death,
         )
     except InvalidArgumentError as error:
         print(f"error: {error}", file=sys.stderr)

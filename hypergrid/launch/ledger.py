@@ -22,7 +22,9 @@ from typing import Any
 __all__ = [
     "LEDGER_ENV",
     "agree_ledger",
+    "current_world",
     "parse_ranks",
+    "publish_liveness",
     "raised",
     "read_shrunk",
     "record_shrink",
@@ -152,6 +154,56 @@ def read_shrunk(store: Any, ledger: str) -> str:
     key = f"{ledger}shrunk"
     store = raw_store(store)
     return store.get(key).decode() if store.check([key]) else ""
+
+
+def publish_liveness(base_store: Any) -> bool:
+    """On the job's first world's rank 0 under ``hypergrid.run``: tell the agents where its roll calls' keys live.
+
+    The workers' store is the agents' under torch's prefixes (``default_pg/0//`` under ``env://``); the agents write
+    a call into a roll call when a worker dies (`hypergrid.agreement.sentinel`), so they need that prefix: found
+    once by a probe key and a listing, then kept in the ledger (``liveness``). Whether it wrote (False outside the
+    launcher, or where the store cannot list its keys).
+
+    Examples:
+        >>> import os, torch.distributed as dist
+        >>> raw = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        >>> os.environ["HYPERGRID_RUN_LEDGER"] = "L/"
+        >>> publish_liveness(dist.PrefixStore("default_pg/0/", raw)), raw.get("L/liveness")
+        (True, b'default_pg/0//')
+        >>> del os.environ["HYPERGRID_RUN_LEDGER"]
+    """
+    ledger = os.environ.get(LEDGER_ENV, "")
+    if not ledger:
+        return False
+    probe = f"hypergrid/probe/{uuid.uuid4().hex}"
+    try:
+        raw = raw_store(base_store)
+        if raw.check([f"{ledger}liveness"]):
+            return True  # (published by this job's first join: a world reopened finds it)
+        base_store.set(probe, "")
+        found = [key for key in raw.list_keys() if key.endswith(probe)]
+        base_store.delete_key(probe)
+        if len(found) != 1:
+            return False
+        raw.set(f"{ledger}liveness", found[0][: -len(probe)])
+    except (RuntimeError, AttributeError, NotImplementedError):  # a store without a listing: the agents stay blind
+        return False
+    return True
+
+
+def current_world(store: Any, ledger: str) -> tuple[str, int, list[int] | None] | None:
+    """For an agent: the workers' roll-call prefix, their current world's number and its rank -> launcher rank table
+    (None for the job's first world, whose ranks are the launcher's); None before a worker published the prefix."""
+    raw = raw_store(store)
+    if not raw.check([f"{ledger}liveness"]):
+        return None
+    prefix, epoch = raw.get(f"{ledger}liveness").decode(), 0
+    while raw.check([f"{ledger}world/{epoch + 1}"]):
+        epoch += 1
+    if epoch == 0:
+        return prefix, 0, None
+    text = raw.get(f"{ledger}world/{epoch}").decode()
+    return prefix, epoch, [int(rank) for rank in text.split(",")] if text else []
 
 
 def parse_ranks(listed: str) -> set[int]:

@@ -10,7 +10,7 @@ import datetime
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -34,6 +34,7 @@ from hypergrid.agreement.liveness import (
     wake_key,
     world_keys,
 )
+from hypergrid.agreement.rollkeys import gone_text
 from hypergrid.agreement.watcher import Watcher
 
 TIMEOUT = datetime.timedelta(seconds=60)
@@ -81,24 +82,7 @@ def roll_call(
     if woken_at is not None:
         timer = threading.Timer(woken_at, lambda: caller.set(f"{prefix}/woken", ""))
         timer.start()
-    verdicts: dict[int, Any] = {}
-    ops: dict[int, int] = {}
-
-    def rank_side(rank: int) -> None:
-        store = client(server)
-        incident = Incident(store, prefix, rank, list(range(size)))
-        time.sleep((late or {}).get(rank, 0.0))
-        call = incident.answer()
-        verdict = None if call is None else incident.close(call, time.monotonic(), bound)
-        if verdict is not None:
-            incident.conclude(verdict)
-        verdicts[rank], ops[rank] = verdict, store.ops
-
-    threads = [threading.Thread(target=rank_side, args=(rank,)) for rank in answering]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    verdicts, ops = roll_call_answers(server, prefix, size, answering, bound, late)
     if woken_at is not None:
         timer.join()
         caller.delete_key(f"{prefix}/woken")  # (the caller's own check finds the call gone: `Incident.call`)
@@ -466,3 +450,68 @@ def test_a_rank_that_never_joined_the_watch_is_late_not_dead_and_reads_nothing(s
     verdicts, _ = roll_call(server, world, size, [0, 1, 2], joined=False)  # rank 3 joined and died
     assert {(verdict.dead, verdict.absent, verdict.readers) for verdict in verdicts.values()} == {((3,), (4,), 3)}
     assert added(server, before) == set(world_keys(world))  # every reader counted: the incident's keys are gone
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_its_launcher_saw_exit_is_dead_without_waiting_for_the_bound(server: Any) -> None:
+    """Issue 46: a call that declares a rank gone (a launcher's agent saw its process exit) completes once every
+    other rank answered: no wait for the bound (30 s here), every rank reads the same verdict naming it dead."""
+    prefix = called(server, 70, 6, f"{FAILURE} {gone_text([4], 'rank 4 died by signal SIGKILL')}")
+    started = time.monotonic()
+    verdicts, _ = roll_call_answers(server, prefix, 6, [0, 1, 2, 3, 5], bound=30.0)
+    assert time.monotonic() - started < 5.0
+    assert {(verdict.kind, verdict.dead) for verdict in verdicts.values()} == {(FAILURE, (4,))}
+
+
+@pytest.mark.timeout(60)
+def test_a_death_its_launcher_saw_during_an_open_roll_call_closes_it_without_waiting(server: Any) -> None:
+    """The agent's call found another rank's roll call open: it lists the rank in ``I/gone``, and the closers close
+    as soon as every other rank answered instead of at the bound (30 s here)."""
+    prefix = called(server, 71, 5, f"{FAILURE} a peer's connection closed", gone=[3])
+    started = time.monotonic()
+    verdicts, _ = roll_call_answers(server, prefix, 5, [0, 1, 2, 4], bound=30.0)
+    assert time.monotonic() - started < 10.0
+    assert {verdict.dead for verdict in verdicts.values()} == {(3,)}
+
+
+def called(server: Any, world: int, size: int, call: str, gone: Sequence[int] = ()) -> str:
+    """Incident 0 of world ``world`` (``size`` ranks, all in its watch) called with ``call``, every rank woken, and
+    ``gone`` listed as an agent lists a death during an open roll call; its prefix."""
+    caller = client(server)
+    for rank in range(size):
+        record_member(caller, world, rank, joined=True)
+    prefix = incident_prefix(world, 0)
+    caller.compare_set(f"{prefix}/call", "", call)
+    caller.set(f"{prefix}/woken", "")
+    for rank in gone:
+        caller.append(f"{prefix}/gone", f"{rank}\n")
+    return prefix
+
+
+def roll_call_answers(
+    server: Any, prefix: str, size: int, answering: list[int], bound: float, late: dict[int, float] | None = None
+) -> tuple[dict[int, Any], dict[int, int]]:
+    """``answering`` ranks answer an incident already called (one thread each, a rank in ``late`` that many
+    seconds late); the verdicts they read, and each one's store operations."""
+    verdicts: dict[int, Any] = {}
+    ops: dict[int, int] = {}
+    # Connected here, one at a time: torch's clients opened by threads of one process at once wait 5 s now and then
+    # (docs/design/rollcall.md, "Connections opened on the way"), which would make their ranks late.
+    stores = {rank: client(server) for rank in answering}
+
+    def rank_side(rank: int) -> None:
+        store = stores[rank]
+        incident = Incident(store, prefix, rank, list(range(size)))
+        time.sleep((late or {}).get(rank, 0.0))
+        call = incident.answer()
+        verdict = None if call is None else incident.close(call, time.monotonic(), bound)
+        if verdict is not None:
+            incident.conclude(verdict)
+        verdicts[rank], ops[rank] = verdict, store.ops
+
+    threads = [threading.Thread(target=rank_side, args=(rank,)) for rank in answering]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return verdicts, ops

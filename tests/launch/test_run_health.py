@@ -16,6 +16,7 @@ from torch.distributed.run import get_args_parser
 
 from hypergrid.launch.health import HealthRound
 from hypergrid.launch.launcher import parser
+from tests.launch.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,15 +27,6 @@ def _agents(count: int, workers: int, min_healthy: int, restart: int = 0) -> lis
     for health in rounds:
         health.start_watching()
     return rounds
-
-
-def _eventually(condition: object, within_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_failures_above_the_minimum_raise_no_verdict_and_the_barrier_lets_everyone_go() -> None:
@@ -60,7 +52,7 @@ def test_the_failure_that_crosses_the_minimum_reaches_every_agent() -> None:
     assert not b.below_minimum()
     assert b.record_failure() is True  # 3 of 6: below, known to the agent that crossed at once
     assert b.below_minimum() and b.verdict == "3 of 6 workers failed"
-    assert _eventually(lambda: a.below_minimum() and c.below_minimum())  # through the watchers, no polling
+    assert eventually(lambda: a.below_minimum() and c.below_minimum())  # through the watchers, no polling
     assert a.verdict == c.verdict == "3 of 6 workers failed"
     assert all(health.stop_watching() for health in (a, b, c))
 
@@ -119,7 +111,7 @@ def test_the_last_agent_reads_the_ledger_once_and_every_agent_gets_the_list() ->
     outcomes: list[str] = []
     waiter = threading.Thread(target=lambda: outcomes.append(a.exit_barrier(30, read)))
     waiter.start()
-    assert _eventually(lambda: a.store.add(a.prefix + "arrived", 0) == 1)
+    assert eventually(lambda: a.store.add(a.prefix + "arrived", 0) == 1)
     assert reads == []  # a arrived first: b's workers may still shrink some away
     assert b.exit_barrier(30, read) == "done"
     waiter.join(10)

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from benchmarks import allreduce, gpu_death, gpu_workers
+from benchmarks import allreduce, detection, gpu_workers
 from benchmarks.gpu_check import ROOT, plan_steps
 
 pytestmark = pytest.mark.timeout(120)
@@ -52,8 +52,10 @@ def test_every_planned_step_is_launchable_as_written(gpus: int) -> None:
         elif script.endswith("gpu_workers.py"):
             assert nproc == gpus and gpu_workers.build_parser().parse_args(args).worker == "ops"
         else:
-            assert script.endswith("gpu_death.py") and nproc is None  # spawn, not torchrun
-            assert gpu_death.build_parser().parse_args(args).nprocs == gpus
+            assert script.endswith("detection.py") and nproc is None  # under hypergrid.run, not torchrun
+            parsed = detection.build_parser().parse_args(args)
+            assert parsed.world == str(gpus) and parsed.backend == "nccl" and not parsed.without_agent
+            assert ("shrink" in parsed.places.split(",")) == (gpus >= 3)
     assert sum(s.share for s in steps if not s.skipped) <= 1.0
 
 

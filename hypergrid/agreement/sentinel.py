@@ -1,0 +1,67 @@
+"""A launcher's agent calls a roll call the moment a worker dies: `announce_death` (issue 46).
+
+Under ``python -m hypergrid.run`` the agent sees a worker exit through ``waitpid`` at once, where the others would
+find it only through a failed operation (gloo: a closed connection; NCCL: nothing) or a probe after
+``HYPERGRID_PROBE_S``. The agent writes the call of the workers' current world's next incident, declaring the dead
+rank gone (`hypergrid.agreement.rollkeys.gone_text`), and wakes every watcher: the roll call completes as soon as
+every other rank answered, and every survivor's grid waits end with ``RankFailure`` naming it, wherever they are
+(a collective, a creation, a shrink forming its world). docs/launcher.md says which launch detects how.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch.distributed as dist
+
+from hypergrid.agreement import diagnosis
+from hypergrid.agreement.liveness import FAILURE, Incident
+from hypergrid.agreement.rollkeys import done_key, gone_text, incident_prefix
+from hypergrid.launch.ledger import current_world, raw_store
+from hypergrid.values import format_ranks
+
+__all__ = ["announce_death"]
+
+
+def announce_death(store: Any, ledger: str, launcher_ranks: Sequence[int], size: int, said: str) -> bool:
+    """Call a roll call in the workers' current world declaring ``launcher_ranks`` dead; whether it called one.
+
+    Args:
+        store: a connection to the agents' store (the workers' store is under its prefixes).
+        ledger: the job's ledger prefix (`hypergrid.launch.ledger`), where the workers published their roll calls'
+            prefix and each world's ranks.
+        launcher_ranks: the dead workers, as the launcher numbers them (one agent's, when that agent died).
+        size: the job's first world's size (every world after it is in the ledger).
+        said: how it died, for the verdict's text.
+
+    Nothing is called (False) before the workers published their prefix (no grid yet: nothing to tell), or where
+    none of the ranks is in the current world (a shrink left them out already). Where a roll call is open already,
+    the ranks are listed in its ``I/gone`` instead: its closers close without waiting for them, and its verdict
+    names them dead.
+
+    Examples:
+        >>> import torch.distributed as dist
+        >>> raw = dist.HashStore()
+        >>> announce_death(raw, "L/", [3], 4, "died by signal SIGKILL")  # no worker published its prefix yet
+        False
+        >>> raw.set("L/liveness", "P/")
+        >>> announce_death(raw, "L/", [3], 4, "died by signal SIGKILL"), raw.get("P/hypergrid/live/0/0/call")
+        (True, b'failure [gone 3] rank 3 died by signal SIGKILL (seen by its launcher)')
+    """
+    found = current_world(store, ledger)
+    if found is None:
+        return False
+    prefix, epoch, table = found
+    ranks = list(range(size)) if table is None else list(table)
+    gone = [ranks.index(rank) for rank in sorted(set(launcher_ranks)) if rank in ranks]
+    if not gone:
+        return False
+    workers: Any = raw_store(store) if not prefix else dist.PrefixStore(prefix[:-1], raw_store(store))  # type: ignore[attr-defined]
+    done = diagnosis.read(workers, done_key(epoch))
+    number = 0 if done is None else int(done) + 1
+    text = gone_text(gone, f"rank{'s' if len(gone) > 1 else ''} {format_ranks(gone)} {said} (seen by its launcher)")
+    incident = Incident(workers, incident_prefix(epoch, number), -1, ())
+    if incident.call(FAILURE, text, range(len(ranks))) != f"{FAILURE} {text}":  # a roll call was open: join it
+        workers.append(incident.key("gone"), "".join(f"{rank}\n" for rank in gone))  # (read by its closers)
+    return True

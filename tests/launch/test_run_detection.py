@@ -1,0 +1,138 @@
+"""Under ``python -m hypergrid.run`` a worker's death is known at once, wherever the survivors wait (issue 46).
+
+The agent sees a worker exit (``waitpid``) and calls the survivors' roll call naming it: every survivor's grid
+wait ends with ``RankFailure(dead=[victim])`` within about a second, also where none of their operations fails (a
+guard round waiting for the victim: at 0.3.0 only the probe after ``HYPERGRID_PROBE_S``, 30 s, found it). The
+workers (`tests/workers/detected.py`) keep production timeouts; the run has a hard wall-clock limit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from tests.launch.waiting import eventually
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+WORKER = ROOT / "tests" / "workers" / "detected.py"
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
+#: Every survivor raises within this long of the death (the agent's monitoring tick, the roll call, a loaded box).
+BOUND_S = 3.0
+
+
+def _run(
+    place: str, size: int, out: pathlib.Path, node: int | None = None, flags: Sequence[str] = (), **env: str
+) -> tuple[int, str, dict[int, dict[str, object]]]:
+    """One launcher of ``size`` workers (``node``: one node of several, under ``flags``' rendezvous)."""
+    environment = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE")}
+    environment.update(env, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    where = ["--standalone"] if node is None else [*flags, "--node-rank", str(node)]
+    command = [sys.executable, "-m", "hypergrid.run", *where, "--nproc-per-node", str(size)]
+    try:
+        done = subprocess.run(
+            [*command, str(WORKER), place, str(out)], cwd=ROOT, env=environment, capture_output=True, text=True,
+            timeout=100, start_new_session=True,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as expired:
+        raise AssertionError(f"the run of {place} did not end within 100 s: {expired.stderr!r:.3000}") from None
+    reports = {rank: json.loads((out / f"rank{rank}.json").read_text()) for rank in range(size)
+               if (out / f"rank{rank}.json").exists()}  # fmt: skip
+    return done.returncode, done.stderr, reports
+
+
+@pytest.mark.parametrize("place", ["create", "step", "shrink"])
+def test_every_survivor_hears_of_a_death_at_once_wherever_it_waits(tmp_path: pathlib.Path, place: str) -> None:
+    """``shrink``: rank 2 dies in a step; rank 3 dies as the survivors' shrink forms its world (they wait inside
+    torch's ``init_process_group`` for it): the shrink absorbs it, and returns within the bound (at 0.3.0: after
+    torch's bound on that wait, ``timeout_s`` / 6 on gloo)."""
+    size = 4
+    code, err, reports = _run(place, size, tmp_path)
+    assert code == 0, err[-3000:]
+    killed = float((tmp_path / "killed").read_text())
+    survivors = size - 2 if place == "shrink" else size - 1
+    assert sorted(reports) == list(range(survivors)), err[-3000:]
+    for rank, seen in reports.items():
+        assert seen.get("raised") == "RankFailure" and seen["dead"] == [size - 1], (rank, seen)
+        assert float(seen["at"]) - killed < BOUND_S, (rank, float(seen["at"]) - killed)  # type: ignore[arg-type]
+        assert seen["sum"] == survivors, (rank, seen)
+        assert place != "shrink" or seen["attempts"] == 2, (rank, seen)  # the death came while the world formed
+
+
+def test_a_stopped_worker_is_not_dead_to_the_agent_the_roll_call_names_it_and_resumed_it_is_fenced(
+    tmp_path: pathlib.Path,
+) -> None:
+    """SIGSTOP: the agent sees no exit and calls nothing; the survivors' probe (``HYPERGRID_PROBE_S`` 2 s here) calls
+    the roll call, the stopped rank does not answer, and the survivors go on without it. Resumed, it is fenced."""
+    size, probe_s = 4, 2.0
+    run = threading.Thread(target=lambda: results.append(_run("stop", size, tmp_path, HYPERGRID_PROBE_S=str(probe_s))))
+    results: list[tuple[int, str, dict[int, dict[str, object]]]] = []
+    run.start()
+    try:
+        assert eventually(lambda: all((tmp_path / f"rank{rank}.json").exists() for rank in range(size - 1)), 90)
+        stopped = float((tmp_path / "killed").read_text())
+        pid = int(json.loads((tmp_path / "pid").read_text()))
+        assert pathlib.Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "T"  # stopped: not dead to the agent
+    finally:
+        os.kill(int(json.loads((tmp_path / "pid").read_text())), signal.SIGCONT)
+        run.join(100)
+    ((code, err, reports),) = results
+    assert code == 0, err[-3000:]
+    assert "worker rank" not in err  # the agent reported no death
+    for rank in range(size - 1):
+        seen = reports[rank]
+        assert seen.get("raised") == "RankFailure" and seen["dead"] == [size - 1], (rank, seen)
+        assert probe_s <= float(seen["at"]) - stopped < probe_s + BOUND_S + 2, (rank, seen)  # type: ignore[arg-type]
+        assert seen["sum"] == size - 1, (rank, seen)
+    assert reports[size - 1].get("raised") == "FencedError", reports[size - 1]
+
+
+def test_an_agent_sigkilled_with_its_workers_is_found_by_the_other_agent_at_once(tmp_path: pathlib.Path) -> None:
+    """Two agents of 2 workers (a static rendezvous on this host; node 0 hosts the store). Node 1's first worker
+    SIGKILLs its agent; its workers die with it (the parent-death signal), while node 0's wait in a ``create_pg``
+    for them, where nothing fails. Node 0's agent finds node 1's dead through the ring, tells the survivors, counts
+    node 1 as failed and arrived: it exits 0 at once, where its exit barrier waited ``--exit-barrier-timeout``
+    (a day by default) before."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    rendezvous = ["--nnodes", "2", "--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    results: dict[int, tuple[int, str, dict[int, dict[str, object]]]] = {}
+    nodes = [
+        threading.Thread(
+            target=lambda n=node: results.update({n: _run("agent", 2, tmp_path, node=n, flags=rendezvous)})
+        )
+        for node in range(2)
+    ]
+    for node in nodes:
+        node.start()
+    for node in nodes:
+        node.join(110)
+    (code, err, reports), (code1, _, _) = results[0], results[1]
+    assert code == 0 and code1 == -signal.SIGKILL, (code, code1, err[-3000:])
+    killed = float((tmp_path / "killed").read_text())
+    for rank in (0, 1):
+        seen = reports[rank]
+        assert seen.get("raised") == "RankFailure" and seen["dead"] == [2, 3], (rank, seen)
+        assert float(seen["at"]) - killed < BOUND_S, (rank, float(seen["at"]) - killed)  # type: ignore[arg-type]
+        assert seen["sum"] == 2, (rank, seen)
+    assert "worker ranks 2-3 died with their agent (node 1), found dead by node 0's agent" in err, err[-3000:]
+    assert "job: 2 of 4 workers failed" in err, err[-3000:]
+
+
+def test_the_detection_benchmark_runs_small_and_writes_its_rows(tmp_path: pathlib.Path) -> None:
+    from benchmarks import detection
+
+    out = tmp_path / "rows.json"
+    assert detection.main(["--world", "3", "--places", "step", "--repeats", "1", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert (row["world"], row["place"], row["agent"], row["backend"]) == (3, "step", True, "gloo")
+    assert 0 < row["slowest_s"] < BOUND_S and len(row["runs"]) == 1
