@@ -106,7 +106,8 @@ class MinHealthyAgent(LocalElasticAgent):
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         """torchelastic's start, with the round's ledger named in the workers' environment (they inherit ours)."""
         self.ledger = agree_ledger(worker_group.store, self.restarts_used)
-        self._store_client = None  # (a new round may have a new store)
+        with self._client_lock:
+            self._store_client = None  # (a new round may have a new store)
         os.environ[LEDGER_ENV] = self.ledger
         started: dict[int, Any] = super()._start_workers(worker_group)
         return started
@@ -149,6 +150,7 @@ class MinHealthyAgent(LocalElasticAgent):
             ring.start()
         except Exception as error:  # the job runs on; the others' workers find this node's deaths their own way
             report(f"could not join the agents' ring ({type(error).__name__}: {error})")
+            ring.close()  # (its record of leaving: the agent watching this one finds no death)
             return
         self.ring = ring
 
@@ -311,6 +313,7 @@ class MinHealthyAgent(LocalElasticAgent):
                 self._remaining_restarts -= 1
                 self.restarts_used += 1
                 report(f"{below}: restarting every worker ({self._remaining_restarts} restart(s) left after this)")
+                self._leave_ring()  # (before the next rendezvous: the workers this ring watched are stopped)
                 self._restart_workers(self._worker_group)
                 self._begin_round()
                 continue

@@ -132,13 +132,13 @@ class HealthRound:
             if self.claim(rank, by):
                 below = self.record_failure() or below
         self._arrive(index, by, read_shrunk)
-        if self.agents > 1 and self._count("left", index, by) >= self.agents:
+        if self.agents > 1 and self._count("left", index, by):
             self.store.set(self._key("gone"), "all")  # (the others wait in `leave` for it)
         return below
 
     def _arrive(self, index: int | None, by: str, read_shrunk: Callable[[], str] | None) -> None:
         """Count agent ``index`` at the exit barrier, once (None: uncounted by name); the last one releases it."""
-        if self._count("arrived", index, by) < self.agents:
+        if not self._count("arrived", index, by):
             return
         if read_shrunk is not None and int(self.store.add(self._key("failed"), 0)) > 0:
             try:
@@ -148,11 +148,12 @@ class HealthRound:
             self.store.set(self._key("shrunk"), listed)
         self.store.set(self._key("done"), "all")
 
-    def _count(self, name: str, index: int | None, by: str) -> int:
+    def _count(self, name: str, index: int | None, by: str) -> bool:
         """Add agent ``index`` to the count ``name`` once (by itself, or by the agent that found it dead; None:
-        uncounted by name); the count after it."""
-        counted = index is None or self.store.compare_set(self._key(f"{name}/{index}"), "", by).decode() == by
-        return int(self.store.add(self._key(name), 1 if counted else 0))
+        uncounted by name); whether this call made it complete (every agent counted: its caller acts on it)."""
+        if index is not None and self.store.compare_set(self._key(f"{name}/{index}"), "", by).decode() != by:
+            return False  # counted already
+        return int(self.store.add(self._key(name), 1)) == self.agents
 
     def exit_barrier(
         self, timeout_s: float, read_shrunk: Callable[[], str] | None = None, index: int | None = None
@@ -193,7 +194,7 @@ class HealthRound:
         if self.agents < 2:
             return
         try:
-            if self._count("left", index, f"agent {index}") >= self.agents:
+            if self._count("left", index, f"agent {index}"):
                 self.store.set(self._key("gone"), "all")
                 return
             self._wait("gone", timeout_s)

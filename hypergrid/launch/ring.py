@@ -1,16 +1,15 @@
 """The agents of a job watch each other: each holds a TCP connection to the next, so an agent's death is seen at once.
 
 An agent SIGKILLed (or a node that crashes) takes its workers with it (the parent-death signal,
-`hypergrid.launch.orphans`), and nothing of theirs is left to tell the others; under NCCL, which reports no
-closed connection, their peers would wait for the probe. `AgentRing`: every agent of a round listens on a
-port of its own and connects to the next agent's (agent ``i`` to ``i + 1``, the last to the first). The kernel
-closes a dead process's sockets, so the agent before it reads the end of its connection at once; one that
-ends without the ``bye`` of an agent leaving in order is a death (one that cannot be reached at all is no proof
-of one: it is reported on stderr and skipped), and the agent reports the dead agent's
-workers (``on_lost``: the agent calls the survivors' roll call) and watches the next agent instead. A node
-that vanishes without closing anything (power, network) is found by TCP keepalive after `KEEPALIVE_S`
-silent seconds and `KEEPALIVE_PROBES` unanswered probes. Keys and costs: docs/design/launcher.md ("The
-agents watch each other").
+`hypergrid.launch.orphans`), and nothing of theirs is left to tell the others; under NCCL, which reports no closed
+connection, their peers would wait for the probe. `AgentRing`: every agent of a round listens on a port of its own
+and connects to the next agent's (agent ``i`` to ``i + 1``, the last to the first). The kernel closes a dead
+process's sockets, so the agent before it reads the end of its connection at once; one that ends without the ``bye``
+of an agent leaving in order (or its record of leaving) is a death, and the agent reports the dead agent's workers
+(``on_lost``: the agent calls the survivors' roll call) and watches the next agent instead. A node that vanishes
+without closing anything (power, network) is found by TCP keepalive after `KEEPALIVE_S` silent seconds and
+`KEEPALIVE_PROBES` unanswered probes, `KEEPALIVE_INTERVAL_S` apart (about 15 s). Keys and costs:
+docs/design/launcher.md ("The agents watch each other").
 """
 
 from __future__ import annotations
@@ -19,33 +18,40 @@ import contextlib
 import datetime
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from hypergrid.launch.ledger import parse_ranks
 
-__all__ = ["BYE", "KEEPALIVE_PROBES", "KEEPALIVE_S", "AgentRing"]
+__all__ = ["BYE", "KEEPALIVE_INTERVAL_S", "KEEPALIVE_PROBES", "KEEPALIVE_S", "AgentRing", "local_address"]
 
 #: What an agent leaving in order writes to the agent watching it before it closes the connection.
 BYE = b"bye\n"
-#: Seconds of silence before the kernel probes a connection, and between probes (a node gone without a close).
-KEEPALIVE_S = 1
-#: Unanswered probes after which the kernel ends the connection: a vanished node is found in about 4 s.
-KEEPALIVE_PROBES = 3
-#: How long an agent tries to connect to the next one's port.
+#: Seconds of silence before the kernel probes a connection (a node gone without a close), and between probes.
+KEEPALIVE_S = 5
+KEEPALIVE_INTERVAL_S = 2
+#: Unanswered probes after which the kernel ends the connection: a vanished node is found in about 15 s (a network
+#: that stalls for less is not a death).
+KEEPALIVE_PROBES = 5
+#: How long an agent tries to connect to the next one's port, and how often (a refused connection: 0.2 s apart).
 CONNECT_S = 10.0
-#: How long one wait for the next agent's address lasts before the watcher looks at its stop flag again.
+CONNECT_TRIES = 3
+#: How long the watcher waits for the next agent's address before it watches the one after (it never joined).
+ADDRESS_S = 60.0
+#: How long one wait for an address lasts before the watcher looks at its stop flag again.
 _ADDRESS_SLICE_S = 5.0
 
 
 def _keepalive(connection: socket.socket) -> None:
     """Have the kernel probe an idle connection, so a peer gone without a close ends it (Linux's options)."""
     connection.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (
+    options = (
         ("TCP_KEEPIDLE", KEEPALIVE_S),
-        ("TCP_KEEPINTVL", KEEPALIVE_S),
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
         ("TCP_KEEPCNT", KEEPALIVE_PROBES),
-    ):
+    )
+    for name, value in options:
         if hasattr(socket, name):
             connection.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
@@ -105,10 +111,17 @@ class AgentRing:
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
         self._watched: socket.socket | None = None
+        self._target: int | None = None  # the agent whose connection is open now (`watching`)
         self._accepted: list[socket.socket] = []
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._own: Any = None  # the watcher thread's connection (`start`)
+
+    @property
+    def watching(self) -> int | None:
+        """The agent this one holds a connection to now (None: none yet, or between two)."""
+        with self._lock:
+            return self._target
 
     def _key(self, index: int) -> str:
         return f"{self.prefix}ring/{index}"
@@ -117,13 +130,13 @@ class AgentRing:
         """Listen, publish this agent's address and ranks, and start watching the next agent; False alone."""
         if self.agents < 2:
             return False
+        self._own = self.store.clone()  # the watcher's (its waits block: torch's client holds its lock through them)
         listener = socket.create_server((self.host, 0), backlog=self.agents)
         self._listener = listener
         self.store.set(
             self._key(self.index),
             f"{self.host} {listener.getsockname()[1]} {','.join(str(rank) for rank in self.ranks)}",
         )
-        self._own = self.store.clone()  # the watcher's (its waits block: torch's client holds its lock through them)
         for target, name, args in ((self._accept, "accept", ()), (self._watch, "watch", (self._own,))):
             thread = threading.Thread(target=target, args=args, name=f"hypergrid-ring-{name}", daemon=True)
             thread.start()
@@ -139,12 +152,16 @@ class AgentRing:
                 connection, _ = listener.accept()
             except OSError:
                 return  # closed by `close`
-            _keepalive(connection)
+            with contextlib.suppress(OSError):
+                _keepalive(connection)
             with self._lock:
-                if self._stop.is_set():
-                    connection.close()
-                    return
-                self._accepted.append(connection)
+                if not self._stop.is_set():
+                    self._accepted.append(connection)
+                    continue
+            with contextlib.suppress(OSError):  # (came after `close`: it leaves in order all the same)
+                connection.sendall(BYE)
+            connection.close()
+            return
 
     def _watch(self, store: Any) -> None:
         """Watch the next agent; when it dies, report its workers and watch the one after it, until this one."""
@@ -154,43 +171,60 @@ class AgentRing:
             if address is None:
                 return  # stopped, or the store is gone
             host, port, ranks = address
-            ended = self._follow(target, host, port)
+            ended = self._follow(target, host, port) if host else "unwatched"
             if self._stop.is_set():
                 return
             if ended == "died":
                 self.lost.append(target)
-                with contextlib.suppress(Exception):  # (the agent reports what it could not do)
-                    self.on_lost(
-                        target, ranks, f"died with their agent (node {target}), found dead by node {self.index}'s agent"
-                    )
+                said = f"died with their agent (node {target}), found dead by node {self.index}'s agent"
+                try:
+                    self.on_lost(target, ranks, said)
+                except Exception as error:  # (a daemon thread: say it, never lose it)
+                    self.report(f"the ring could not act on node {target}'s death ({type(error).__name__}: {error})")
             target = (target + 1) % self.agents
 
     def _address(self, store: Any, target: int) -> tuple[str, int, list[int]] | None:
-        """The next agent's address and ranks, once it published them; None when stopped or the store is gone."""
+        """The next agent's address and ranks, once it published them; None when stopped or the store is gone, and
+        ``("", 0, [])`` where it did not publish within `ADDRESS_S` (its ring never started: it is said, and the
+        watcher watches the one after)."""
+        until = time.monotonic() + ADDRESS_S
         while not self._stop.is_set():
             try:
                 store.wait([self._key(target)], datetime.timedelta(seconds=_ADDRESS_SLICE_S))
                 host, port, listed = store.get(self._key(target)).decode().split(" ", 2)
             except Exception as error:  # a timed-out slice: look at the stop flag; anything else: no store
-                if "timeout" in str(error).lower():
-                    continue
-                return None
+                if "timeout" not in str(error).lower():
+                    return None
+                if time.monotonic() >= until:
+                    self.report(f"node {target}'s agent did not join the agents' ring within {ADDRESS_S:g} s")
+                    return "", 0, []
+                continue
             return host, int(port), sorted(parse_ranks(listed))
         return None
 
     def _follow(self, target: int, host: str, port: int) -> str:
-        """Connect and read until the connection ends: ``"left"`` (it said bye, or this one stops), ``"died"`` (this
-        agent is the first to find it dead: it reports it), ``"known"`` (found dead by another agent before) or
-        ``"unwatched"`` (no connection: nothing proves a death, so nothing is reported)."""
-        try:
-            connection = socket.create_connection((host, port), timeout=CONNECT_S)
-        except OSError as error:  # gone before we came, or unreachable (a firewall): no proof of a death
-            self.report(f"could not watch node {target}'s agent at {host}:{port} ({error}); watching the next one")
-            return "unwatched"
+        """Connect and read until the connection ends: ``"left"`` (it said bye or recorded that it left, or this one
+        stops), ``"died"`` (this agent is the first to find it dead: it reports it) or ``"known"`` (found dead by
+        another agent before). A port that refuses `CONNECT_TRIES` times (or does not answer within `CONNECT_S`)
+        without a record of leaving is a death: the agents reach each other's ports as gloo and NCCL do."""
+        connection = None
+        for _ in range(CONNECT_TRIES):
+            try:
+                connection = socket.create_connection((host, port), timeout=CONNECT_S)
+                break
+            except OSError:
+                if self._stop.wait(0.2):
+                    return "left"
+        if connection is None:
+            return self._ended(target)
         connection.settimeout(None)
-        _keepalive(connection)
+        with contextlib.suppress(OSError):
+            _keepalive(connection)
         with self._lock:
-            self._watched = connection
+            if self._stop.is_set():  # (`close` came while it connected: it would not end this read)
+                connection.close()
+                return "left"
+            self._watched, self._target = connection, target
         said = b""
         try:
             while chunk := connection.recv(64):
@@ -199,22 +233,30 @@ class AgentRing:
             pass
         finally:
             with self._lock:
-                self._watched = None
+                self._watched = self._target = None
             connection.close()
-        return "left" if BYE in said or self._stop.is_set() else self._first_to_find(target)
+        return "left" if BYE in said or self._stop.is_set() else self._ended(target)
 
-    def _first_to_find(self, target: int) -> str:
-        """``"died"`` where no other agent reported ``target`` dead before (one ``compare_set``), else ``"known"``: an
-        agent that watches past the one it watched (that one left in order) meets the dead it reported."""
+    def _ended(self, target: int) -> str:
+        """``target``'s connection ended (or never came) without a bye: ``"left"`` where it recorded leaving (`close`
+        writes the record before it closes anything), else ``"died"`` where no other agent reported it dead before
+        (one ``compare_set``: an agent that watches past a departed neighbour meets the dead it reported), else
+        ``"known"``. Nothing to report where the store is gone (the agent that hosted it died: every worker raises
+        ``StoreLostError``)."""
         mine = f"found by {self.index}"
         try:
+            if self._own.check([f"{self._key(target)}/left"]):
+                return "left"
             first = self._own.compare_set(f"{self._key(target)}/dead", "", mine).decode() == mine
-        except Exception:  # no store: nobody to tell
+        except Exception:
             return "known"
         return "died" if first else "known"
 
     def close(self) -> None:
-        """Leave in order: say bye to the agent watching this one, stop watching; idempotent."""
+        """Leave in order: record it, say bye to the agent watching this one, stop watching; idempotent."""
+        if self._listener is not None and not self._stop.is_set():
+            with contextlib.suppress(Exception):  # (first: an end the watcher meets from now on is no death)
+                self.store.set(f"{self._key(self.index)}/left", "")
         self._stop.set()
         with self._lock:
             accepted, self._accepted = self._accepted, []

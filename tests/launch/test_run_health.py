@@ -139,3 +139,39 @@ def test_a_ledger_that_cannot_be_read_accounts_for_nobody() -> None:
 
     assert a.exit_barrier(5, unreachable) == "done"
     assert a.shrunk() == ""
+
+
+def test_an_agent_found_dead_counts_its_unaccounted_workers_once_and_is_not_waited_for() -> None:
+    """Agent 1 of 3 (workers 2, 3) is found dead by the ring: worker 2's end its own agent had counted already, so
+    one failure more; the exit barrier no longer waits for agent 1, and a second finder counts nothing again."""
+    a, b, c = _agents(3, workers=6, min_healthy=1)
+    assert b.claim(2, "agent 1")  # (agent 1 saw worker 2 exit 0 before it died)
+    assert a.count_dead_agent(1, [2, 3], "ring 0", None) is False
+    assert a.count_dead_agent(1, [2, 3], "ring 2", None) is False  # (found again: counted once)
+    assert int(a.store.add(a.prefix + "failed", 0)) == 1
+    assert not a.claim(3, "agent 1")  # its agent, had it lived, would not count it again
+    outcomes: list[str] = []
+    waiter = threading.Thread(target=lambda: outcomes.append(a.exit_barrier(30, index=0)))
+    waiter.start()
+    assert c.exit_barrier(30, index=2) == "done"  # agents 0 and 2 arrived, agent 1 counted by the ring
+    waiter.join(10)
+    assert outcomes == ["done"]
+
+
+def test_an_agent_that_arrived_then_died_is_not_counted_twice() -> None:
+    a, b, c = _agents(3, workers=3, min_healthy=1)
+    outcomes: list[str] = []
+    waiters = [
+        threading.Thread(target=lambda r=r, i=i: outcomes.append(r.exit_barrier(30, index=i)))
+        for r, i in ((a, 0), (b, 1))
+    ]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(0.2)
+    c.count_dead_agent(1, [1], "ring 0", None)  # agent 1 was at the barrier when it died
+    time.sleep(0.2)
+    assert outcomes == []  # agent 2 has not arrived: two of three, not three
+    assert c.exit_barrier(30, index=2) == "done"
+    for waiter in waiters:
+        waiter.join(10)
+    assert sorted(outcomes) == ["done", "done"]

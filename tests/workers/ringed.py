@@ -4,7 +4,8 @@
 
 Connects to the test's store on ``127.0.0.1:PORT``, joins the ring as agent ``INDEX`` of ``AGENTS`` with the
 workers ``2*INDEX`` and ``2*INDEX + 1``, writes ``OUT/ready<INDEX>``, and appends each death it finds to
-``OUT/lost<INDEX>`` (one JSON line: the agent, its ranks, when). Leaves in order once ``OUT/stop<INDEX>`` exists.
+``OUT/lost<INDEX>`` (one JSON line: the agent, its ranks, when); ``OUT/watching<INDEX>``: the agent it holds a
+connection to now. Leaves in order once ``OUT/stop<INDEX>`` exists.
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ def main() -> int:
     ring = AgentRing(store, "R/", index, agents, [2 * index, 2 * index + 1], lost)
     ring.start()
     (out / f"ready{index}").write_text("")
+    shown: int | None = None
     while not (out / f"stop{index}").exists():
+        if ring.watching != shown:  # (written whole: the test reads it any time)
+            shown = ring.watching
+            (out / f"watching{index}.tmp").write_text(str(shown))
+            (out / f"watching{index}.tmp").replace(out / f"watching{index}")
         time.sleep(0.02)
     ring.close()
     return 0
