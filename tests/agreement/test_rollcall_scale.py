@@ -19,12 +19,12 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from benchmarks import rollcall
 from benchmarks.guard import CountingStore
-from hypergrid.agreement.liveness import FAILURE, PROBE, QUIET_READS, record_member, world_keys
+from hypergrid.agreement.liveness import FAILURE, INCIDENT_KEYS, PROBE, QUIET_READS, record_member, world_keys
 from hypergrid.agreement.watcher import Watcher
 
 TIMEOUT = datetime.timedelta(seconds=60)
 #: A closer's store operations at most, whatever the number of ranks (see the 1,024-rank test).
-CLOSER_OPS = 24 + 2 * QUIET_READS + 5
+CLOSER_OPS = 25 + 2 * QUIET_READS + 5
 
 
 class Recording(CountingStore):
@@ -102,13 +102,14 @@ def test_the_simulated_script_is_what_a_real_watcher_sends() -> None:
 def _without_cleanup(ops: tuple[str, ...]) -> tuple[str, ...]:
     """``ops`` without the last reader's clean-up (`Incident.conclude`), if it is there.
 
-    It writes the world's ``done``, then deletes the incident's 6 keys and the dead ranks' block's wake key.
+    It writes the world's ``done``, then deletes the incident's keys (`INCIDENT_KEYS`: 7, ``gone`` among them) and the
+    dead ranks' block's wake key.
     """
     if "set done" not in ops:
         return ops
-    at = ops.index("set done")
-    assert ops[at + 1 : at + 8] == ("delete wake",) * 7, ops
-    return ops[:at] + ops[at + 8 :]
+    at, deletes = ops.index("set done"), len(INCIDENT_KEYS) + 1
+    assert ops[at + 1 : at + 1 + deletes] == ("delete wake",) * deletes, ops
+    return ops[:at] + ops[at + 1 + deletes :]
 
 
 @pytest.mark.timeout(240)
@@ -117,10 +118,10 @@ def test_a_roll_call_of_1024_ranks_with_one_dead_in_constant_operations_per_rank
     row = rows[0]
     assert row["store_ops_simulated_rank"] == len(rollcall.SCRIPT) == 8  # the first of a block; the others 7
     assert row["live_named_dead"] == 0
-    # Closers, whatever the number of ranks: 18 calls at most measured (their wait for I/woken included); one
-    # that is also the last reader deletes the incident's 7 keys more; then the count of answers, read at the
-    # wake's end and at most QUIET_READS + 1 times after the bound, each with a check for the verdict, and one
-    # more get of the verdict (a wait and a read) once a check found it: 2 * QUIET_READS + 5.
+    # Closers, whatever the number of ranks: 18 calls at most measured (their wait for I/woken included); one that
+    # is also the last reader deletes the incident's 8 keys more (``gone`` since issue 46); then the count of
+    # answers, read at the wake's end and at most QUIET_READS + 1 times after the bound, each with a check for the
+    # verdict, and one more get of the verdict (a wait and a read) once a check found it: 2 * QUIET_READS + 5.
     assert row["store_ops_closers"] and max(row["store_ops_closers"]) <= CLOSER_OPS
 
 

@@ -12,7 +12,7 @@ Every rank builds a ``[N]`` dp grid with production timeouts (groups 600 s, guar
 the launcher's environment says); the victim writes the time of its death to ``OUT/killed``. Each survivor writes
 ``OUT/rank<R>.json``: what it raised and when (``shrink``: when its shrink returned, and the dead it names), and the
 sum of an all-reduce on the grid its shrink made. ``HYPERGRID_DETECT_BACKEND=nccl``: NCCL, each rank on the GPU
-of its ``LOCAL_RANK`` (``make gpu-check``'s ``death`` step, through benchmarks/detection.py).
+of its ``RANK`` (``make gpu-check``'s ``death`` step, through benchmarks/detection.py).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def main() -> int:
     place, out = sys.argv[1], pathlib.Path(sys.argv[2])
     device = torch.device("cpu")
     if os.environ.get("HYPERGRID_DETECT_BACKEND", "gloo") == "nccl":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        device = torch.device("cuda", int(os.environ["RANK"]) % torch.cuda.device_count())  # (one host: two "nodes")
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", init_method="env://", device_id=device)
     else:
