@@ -1,10 +1,12 @@
-"""Helpers shared by the benchmarks: argument parsing, bandwidth arithmetic, output, progress."""
+"""Helpers shared by the benchmarks (and the tests that run them): argument parsing, bandwidth arithmetic, output,
+progress, a free port."""
 
 from __future__ import annotations
 
 import json
 import pathlib
 import re
+import socket
 import statistics
 import sys
 import time
@@ -25,6 +27,18 @@ BUS_FACTORS = {
     "all_gather": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
 }
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a store or a rendezvous that a child process hosts).
+
+    Examples:
+        >>> 0 < free_port() < 65536
+        True
+    """
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def parse_bytes(text: str) -> int:

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import median, progress, write_json
+from benchmarks.common import free_port, median, progress, write_json
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "workers" / "detected.py"
@@ -74,12 +73,6 @@ def one_run(size: int, place: str, agent: bool, backend: str = "gloo") -> dict[s
         raise RuntimeError(f"a survivor did not name ranks {dead} dead, or its new all-reduce is wrong: {seen}")
     delays = sorted(each["at"] - killed for each in seen)
     return {"slowest_s": delays[-1], "median_s": median(delays)}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def build_parser() -> argparse.ArgumentParser:

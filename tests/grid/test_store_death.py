@@ -14,13 +14,13 @@ meet the loss: the creation's guard round must translate it.
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.multiprocessing as mp
 
+from benchmarks.common import free_port
 from tests.workers import store_death
 
 pytestmark = [pytest.mark.processes]
@@ -28,16 +28,10 @@ pytestmark = [pytest.mark.processes]
 SIZE = 4
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _run(tmp_path: Path, watch: str) -> dict[int, dict[str, dict[str, Any]]]:
     """Run the job; what each survivor's calls raised."""
     context = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     workers = [
         context.Process(target=store_death.run, args=(rank, SIZE, port, str(tmp_path), watch)) for rank in range(SIZE)
     ]

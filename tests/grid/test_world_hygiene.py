@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import torch.multiprocessing as mp
 
+from benchmarks.common import free_port
 from hypergrid import WorkerDeath, spawn
 from tests.workers import hygiene
 
@@ -32,12 +32,6 @@ FRAME = re.compile(r"^frame #", re.MULTILINE)
 LOST_STORE = re.compile(r"TCPStore\.cpp:\d+\] \[c10d\] (recvValueWithTimeout|recvVector|sendBytes) failed")
 #: A source location as gloo and torch put it before their messages: ``[/path/to/pair.cc:553]``.
 SOURCE_LOCATION = re.compile(r"\[[^\]\s]*\.(cc|cpp|h|hpp):\d+\]")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _noise(out: Path, rank: int) -> dict[str, Any]:
@@ -72,7 +66,7 @@ def _processes(target: Any, size: int, args: tuple[Any, ...], limit_s: float) ->
     """Run ``target(rank, size, port, *args)`` on ``size`` torch.multiprocessing processes (spawn context, rank 0
     hosting the store); their exit codes (``None``: still running at ``limit_s``, then killed)."""
     context = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     processes = [context.Process(target=target, args=(rank, size, port, *args)) for rank in range(size)]
     deadline = time.monotonic() + limit_s
     for process in processes:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 import torch.multiprocessing as mp
 
+from benchmarks.common import free_port
 from hypergrid import WorkerDeath, spawn
 from tests.workers import lifecycle
 
@@ -177,12 +177,6 @@ def test_a_replaced_grid_refuses_every_call_at_once_and_the_new_grid_works() -> 
 # -- 4. a refused call before init changes nothing -------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.mark.timeout(120)
 def test_a_shrink_refused_before_init_changes_nothing(tmp_path: Path) -> None:
     """Rank 0 constructs a tp2 x dp2 grid before torch.distributed is initialized and calls ``shrink(dead=[1])``:
@@ -192,7 +186,7 @@ def test_a_shrink_refused_before_init_changes_nothing(tmp_path: Path) -> None:
     0.3.0: the early call raises NotInitializedError, but then every rank's ``create_pgs`` raises OutOfStepError.
     """
     context = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     workers = [
         context.Process(target=lifecycle.refused_before_init, args=(rank, SIZE, port, str(tmp_path)))
         for rank in range(SIZE)

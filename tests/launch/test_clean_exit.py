@@ -12,25 +12,19 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch.multiprocessing as mp
 
+from benchmarks.common import free_port
 from hypergrid import spawn
 from tests.workers import clean_exit
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 WORLD = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _reports(out: pathlib.Path, world: int = WORLD) -> list[dict[str, object]]:
@@ -51,7 +45,7 @@ def test_multiprocessing_env_with_rank0_hosting_the_store(
     tmp_path: pathlib.Path, destroy: bool, last: int, owned: bool
 ) -> None:
     context = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     processes = [
         context.Process(target=clean_exit.run_env_rank, args=(rank, WORLD, port, str(tmp_path), destroy, last, owned))
         for rank in range(WORLD)

@@ -12,7 +12,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from benchmarks.common import free_port
 from tests.launch.waiting import eventually
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -101,10 +101,8 @@ def test_an_agent_sigkilled_with_its_workers_is_found_by_the_other_agent_at_once
     for them, where nothing fails. Node 0's agent finds node 1's dead through the ring, tells the survivors, counts
     node 1 as failed and arrived: it exits 0 at once, where its exit barrier waited ``--exit-barrier-timeout``
     (a day by default) before."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    rendezvous = ["--nnodes", "2", "--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    rendezvous = ["--nnodes", "2", "--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port"]
+    rendezvous.append(str(free_port()))
     results: dict[int, tuple[int, str, dict[int, dict[str, object]]]] = {}
     nodes = [
         threading.Thread(

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from benchmarks.common import free_port
 from hypergrid.launch import STACK_DIR_ENV, read_stack_dumps
 from hypergrid.launch.stacks import cut_frames
 
@@ -25,12 +25,6 @@ time.sleep(120)  # the line this rank hangs on
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.processes
 @pytest.mark.timeout(120)
 def test_a_torchrun_rank_with_the_env_variable_says_where_it_hangs(tmp_path: pathlib.Path) -> None:
@@ -41,7 +35,7 @@ def test_a_torchrun_rank_with_the_env_variable_says_where_it_hangs(tmp_path: pat
         "WORLD_SIZE": "1",
         "LOCAL_RANK": "0",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
         "CUDA_VISIBLE_DEVICES": "",
     }
     script = tmp_path / "train.py"
