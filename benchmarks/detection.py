@@ -75,12 +75,15 @@ def one_run(size: int, place: str, agent: bool, backend: str = "gloo") -> dict[s
     return {"slowest_s": delays[-1], "median_s": median(delays)}
 
 
+PLACES = ("create", "step", "shrink", "agent")
+#: The fewest workers each place needs: survivors after its deaths (``agent``: two nodes of two).
+FEWEST = {"create": 2, "step": 2, "shrink": 3, "agent": 4}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", default="8,16", help="worker counts, comma-separated")
-    parser.add_argument(
-        "--places", default="create,step,shrink,agent", help="where the others wait: create, step, shrink, agent"
-    )
+    parser.add_argument("--places", default=",".join(PLACES), help=f"where the others wait: {', '.join(PLACES)}")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--without-agent", action="store_true", help="the agent announces nothing (the contrast)")
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo", help="nccl: one worker per GPU")
@@ -88,11 +91,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[int], list[str]]:
+    """The worker counts and places, or ``parser.error`` (exit 2) naming the bad value and what was expected.
+
+    Examples:
+        >>> parser = build_parser()
+        >>> check_args(parser, parser.parse_args(["--world", "4,8", "--places", "step,agent"]))
+        ([4, 8], ['step', 'agent'])
+    """
+    places = args.places.split(",")
+    for place in places:
+        if place not in PLACES:
+            parser.error(f"--places: {place!r} is not a place; expected some of {', '.join(PLACES)}")
+    try:
+        sizes = [int(value) for value in args.world.split(",")]
+    except ValueError:
+        parser.error(f"--world: {args.world!r}; expected worker counts such as 8,16")
+    for size in sizes:
+        for place in places:
+            if size < FEWEST[place] or (place == "agent" and size % 2):
+                parser.error(
+                    f"--world {size} for place {place!r}: expected {FEWEST[place]} workers or more (agent: even)"
+                )
+    if args.repeats < 1:
+        parser.error(f"--repeats: {args.repeats}; expected 1 or more")
+    return sizes, places
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sizes, places = check_args(parser, args)
     rows = []
-    for size in [int(value) for value in args.world.split(",")]:
-        for place in args.places.split(","):
+    for size in sizes:
+        for place in places:
             try:
                 runs = [one_run(size, place, not args.without_agent, args.backend) for _ in range(args.repeats)]
             except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:

@@ -114,13 +114,13 @@ def plan_steps(gpus: int) -> list[Step]:
 
 def death_args(gpus: int) -> tuple[str, ...]:
     """The death step's places: the shrink's needs a survivor after two deaths (3 GPUs or more); the agent's, two
-    "nodes" of half the GPUs each (4 or more).
+    "nodes" of half the GPUs each (an even number, 4 or more).
 
     Examples:
         >>> death_args(2), death_args(8)[1]
         (('--places', 'step,create', '--repeats', '1', '--backend', 'nccl'), 'step,create,shrink,agent')
     """
-    places = "step,create" + (",shrink" if gpus >= 3 else "") + (",agent" if gpus >= 4 else "")
+    places = "step,create" + (",shrink" if gpus >= 3 else "") + (",agent" if gpus >= 4 and gpus % 2 == 0 else "")
     return ("--places", places, "--repeats", "1", "--backend", "nccl")
 
 

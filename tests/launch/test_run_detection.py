@@ -134,3 +134,23 @@ def test_the_detection_benchmark_runs_small_and_writes_its_rows(tmp_path: pathli
     (row,) = json.loads(out.read_text())
     assert (row["world"], row["place"], row["agent"], row["backend"]) == (3, "step", True, "gloo")
     assert 0 < row["slowest_s"] < BOUND_S and len(row["runs"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--world", "x"], "--world: 'x'; expected worker counts"),
+        (["--places", "step,foo"], "--places: 'foo' is not a place"),
+        (["--world", "3", "--places", "agent"], "--world 3 for place 'agent': expected 4 workers or more"),
+        (["--world", "2", "--places", "shrink"], "--world 2 for place 'shrink': expected 3 workers or more"),
+        (["--repeats", "0"], "--repeats: 0; expected 1 or more"),
+    ],
+)
+def test_the_detection_benchmark_refuses_bad_flags_by_name_before_starting_anything(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import detection
+
+    with pytest.raises(SystemExit) as exit_:
+        detection.main(argv)
+    assert exit_.value.code == 2 and said in capsys.readouterr().err
