@@ -17,13 +17,14 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
 from typing import Any
 
 import pytest
+
+from benchmarks.common import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "launcher_survivors.py"
@@ -186,13 +187,7 @@ def test_two_nodes_the_survivors_on_both_shrink_and_both_agents_succeed(tmp_path
     in the exit barrier (it may host the store node 0's workers use).
     """
     report = tmp_path / "report.jsonl"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    flags = [
-        "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"two-nodes-{port}", "--local-addr", "127.0.0.1",
-    ]  # fmt: skip
+    flags = _two_nodes()
     args = ["--steps", str(STEPS), "--kill-rank", str(VICTIM), "--kill-step", "2", "--tp", "2", "--report", str(report)]
     agents = [_start("hypergrid.run", flags, args) for _ in range(2)]
     finished = _finish(*agents)
@@ -211,6 +206,33 @@ def test_two_nodes_the_survivors_on_both_shrink_and_both_agents_succeed(tmp_path
     summary = _summary_lines(errs)
     assert summary[VICTIM].startswith("died by signal SIGKILL; shrunk away")
     assert all(summary[r].startswith("exited 0") for r in (0, 1, 2)), summary
+
+
+def _two_nodes(*more: str) -> list[str]:
+    """The flags of one of two agents on this host: a c10d rendezvous on 127.0.0.1, 2 workers each."""
+    port = free_port()
+    return [
+        "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"two-nodes-{port}", "--local-addr", "127.0.0.1", *more,
+    ]  # fmt: skip
+
+
+def test_two_nodes_restart_together_below_the_minimum_and_no_agent_is_taken_for_dead(tmp_path: pathlib.Path) -> None:
+    """Rank 3 (node 1) dies at step 0 under ``--min-healthy 4 --max-restarts 1``: both agents restart every
+    worker, each closing its round's ring before the next rendezvous, and the second round (a ring of its own) runs
+    to the end. Neither agent reports the other dead, nor a ring that could not start or act: the ring's own cases
+    (an orderly leave, all at once, never read as a death) are in tests/launch/test_ring.py."""
+    report = tmp_path / "report.jsonl"
+    flags = _two_nodes("--min-healthy", "4", "--max-restarts", "1")
+    args = ["--steps", str(STEPS), "--kill-rank", str(VICTIM), "--kill-step", "0", "--report", str(report)]
+    finished = _finish(*[_start("hypergrid.run", flags, args) for _ in range(2)])
+    errs = "\n".join(err for _, _, err in finished)
+    assert [code for code, _, _ in finished] == [0, 0], errs[-3000:]
+    reports = _reports(report)
+    assert sorted(reports) == [0, 1, 2, 3], errs[-3000:]
+    assert all(seen["restart"] == 1 and seen["caught"] is None for seen in reports.values()), reports
+    assert errs.count("restarting every worker") == 2 and "died with their agent" not in errs, errs[-3000:]
+    assert "agents' ring" not in errs and "the ring could not" not in errs, errs[-3000:]  # (start, act)
 
 
 def test_a_signalled_launcher_stops_its_workers_and_exits_128_plus_the_signal() -> None:
