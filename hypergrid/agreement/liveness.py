@@ -150,10 +150,10 @@ class Incident:
         if data is not None and not data.startswith(END.encode()):  # an end is not a roll call (`end_text`)
             self.store.append(self.key("alive"), f"{self.rank}\n")
             self._order = self.store.add(self.key("count"), 1)
-            expected = set(self.expected)
-            self.gone = tuple(rank for rank in gone_of(data.decode()) if rank in expected and rank != self.rank)
-            alive = [rank for rank in self.expected if rank not in set(self.gone)]
-            self._complete = self._order >= len(alive) and majority(alive, self.expected)
+            self.gone = tuple(
+                sorted({rank for rank in gone_of(data.decode()) if self._expects(rank) and rank != self.rank})
+            )
+            self._complete = self._order >= len(self.expected) - len(self.gone) and self._majority_without_gone()
         return None if data is None else data.decode()
 
     def close(self, call: str, seen: float, liveness_s: float | None = None) -> Verdict | None:
@@ -204,7 +204,20 @@ class Incident:
         """The expected ranks declared dead: by ``call`` (`gone_of`), or, once the incident was open, in ``I/gone``
         (a launcher's agent that saw a worker exit while another rank's roll call was open). One read."""
         listed = {int(line) for line in (diagnosis.read(self.store, self.key("gone")) or b"").decode().split()}
-        return (listed | set(gone_of(call)) | set(self.gone)) & set(self.expected)
+        return {rank for rank in listed | set(gone_of(call)) | set(self.gone) if self._expects(rank)}
+
+    def _expects(self, rank: int) -> bool:
+        """Whether ``rank`` is among the expected (sorted: a binary search, not a set of N ranks per answer)."""
+        at = bisect.bisect_left(self.expected, rank)
+        return at < len(self.expected) and self.expected[at] == rank
+
+    def _majority_without_gone(self) -> bool:
+        """Whether the expected ranks the call does not declare gone are a majority (`majority`); O(N) only where
+        the call declares some (a roll call without: every rank's answer stays O(1))."""
+        if not self.gone:
+            return len(self.expected) > 0  # (`majority` of every expected rank)
+        gone = set(self.gone)
+        return majority([rank for rank in self.expected if rank not in gone], self.expected)
 
     def _settle(self, seen: float, fallback: float, liveness: float) -> float:
         """A closer that saw ``I/woken`` just now: when to stop waiting for the verdict (then it publishes one).
@@ -283,12 +296,7 @@ class Incident:
         if verdict.kind == "minority":
             return not set(lower) & set(verdict.alive)
         dead = {*verdict.dead, *verdict.absent}
-
-        def expected(rank: int) -> bool:
-            at = bisect.bisect_left(self.expected, rank)
-            return at < len(self.expected) and self.expected[at] == rank
-
-        return not any(expected(rank) and rank not in dead for rank in lower)
+        return not any(self._expects(rank) and rank not in dead for rank in lower)
 
     def over(self) -> bool:
         """Whether every live rank read this incident's verdict (``done``): one read. A rank woken without a call
