@@ -1,7 +1,7 @@
 """Train tp x dp through a SIGKILL under ``python -m hypergrid.run``: every survivor resumes at one agreed step.
 
-    python -m hypergrid.run --standalone --nproc-per-node 4 examples/elastic_tp_dp.py \\
-        [--tp 2] [--steps 12] [--spares 0] [--pause 0] [--report FILE] [--kill RANK:STEP:POINT[+MS]]
+    python -m hypergrid.run --standalone --nproc-per-node 4 [--replace-dead] examples/elastic_tp_dp.py \\
+        [--tp 2] [--steps 12] [--spares 0] [--pause 0] [--report FILE] [--kill RANK:STEP:POINT[+MS]] [--regrow]
 
 A model of two tensor-parallel MLP blocks (column- then row-parallel over
 ``tp``: the autograd mappings ``copy_to`` and ``reduce_from``), the global batch
@@ -37,7 +37,19 @@ At the end every surviving rank compares its parameters with the same
 training in one process (the whole batch every step) and prints one line;
 with ``--report FILE`` it appends one JSON line to FILE: ``rank``, ``tp`` and
 ``dp`` (its coordinates), ``step``, ``weights_sha256`` (over its parameters, in
-order), ``max_abs_vs_one_process``, and how it got there.
+order), ``max_abs_vs_one_process``, ``world`` (the final world's size),
+``grew`` (how many times this rank saw the grid grow back), and how it got
+there.
+
+**Growing back** (``--regrow``, with the launcher's ``--replace-dead``): a rank
+whose dp slice ``"drop"`` removed does not exit; it waits in ``grid.arrive``
+to come back. The launcher starts a new worker in place of the dead one
+(``HYPERGRID_ARRIVAL=1``: it builds the grid and calls ``grid.arrive``); its
+arrival ends the others' waits, their ``shrink`` takes both in, and the job
+ends on its original shape, every replica at the agreed step::
+
+    python -m hypergrid.run --standalone --nproc-per-node 6 --replace-dead examples/elastic_tp_dp.py \\
+        --regrow --steps 40 --pause 0.2 --kill 3:4:average
 """
 
 from __future__ import annotations
@@ -170,32 +182,45 @@ class Killer:
         threading.Timer(self.delay_ms / 1000, os.kill, (os.getpid(), signal.SIGKILL)).start()
 
 
+def wait_to_join(grid: Any, snapshots: Any, arriving: bool, wake: bool = True) -> tuple[Any, Any] | None:
+    """A spare (``standby``) or a process that arrived (``arrive``) waits until a shrink takes it in; its grid and
+    the regrid (None: the job ended without it). One that arrives may be taken in as a spare: it waits on."""
+    regrid = grid.arrive(snapshots=snapshots, wake_ranks=wake) if arriving else grid.standby(snapshots=snapshots)
+    while regrid is not None and not regrid.grid.layout.contains(regrid.rank):
+        regrid = regrid.grid.standby(snapshots=snapshots)
+    return None if regrid is None else (regrid.grid, regrid)
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """The job on an initialized world: train, recover, compare; this rank's outcome (``None`` fields if retired)."""
-    world, first_rank = dist.get_world_size(), dist.get_rank()
+    """The job: train, recover (and grow back with ``--regrow``), compare; this rank's outcome."""
+    arriving = os.environ.get("HYPERGRID_ARRIVAL") == "1"  # started in place of a dead worker (--replace-dead)
+    world = int(os.environ["WORLD_SIZE"]) if arriving else dist.get_world_size()
+    first_rank = int(os.environ["RANK"]) if arriving else dist.get_rank()
     grid = hypergrid.HyperCommGrid(
         [args.tp, (world - args.spares) // args.tp],
         ["tp", "dp"],
         spares=args.spares,
         group_options={"timeout": datetime.timedelta(seconds=600)},
     )
-    grid.create_pgs(["tp", "dp", ["tp", "dp"]])
-    in_grid = grid.is_current_rank_in_grid()
-    model = Model(args.tp, grid.my_coord().tp if in_grid else 0)
+    if not arriving:
+        grid.create_pgs(["tp", "dp", ["tp", "dp"]])
+    in_grid = not arriving and grid.is_current_rank_in_grid()
+    model = Model(args.tp, grid.my_coord().tp if in_grid else 0)  # (one that joins later gets its shard's state)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    hook = Killer(args.kill, first_rank)
+    hook = Killer(args.kill if not arriving else "", first_rank)
     policy = "spares_then_drop" if args.spares else "drop"
-    outcome: dict[str, Any] = {"first_rank": first_rank, "failed_in": [], "resumed": [], "dead": []}
+    outcome: dict[str, Any] = {"first_rank": first_rank, "failed_in": [], "resumed": [], "dead": [], "grew": 0}
 
     # -- the recipe of docs/elastic.md --------------------------------------------------------------------------
     snapshots = hypergrid.StepSnapshots(model, optimizer)  # the state at the start of the last two steps
     step, retired = 0, False
-    if not in_grid:  # a spare: wait until a shrink drafts it (None: the job ended without it)
-        regrid = grid.standby(snapshots=snapshots)
-        if regrid is None:
+    if not in_grid:  # a spare, or a process that arrives: wait until a shrink takes it in (None: the job ended)
+        joined = wait_to_join(grid, snapshots, arriving)
+        if joined is None:
             return {**outcome, "spare": "released"}
-        grid, step = regrid.grid, regrid.step
-        outcome.update(resumed=[step], dead=list(regrid.dead))
+        grid, regrid = joined
+        step = regrid.step
+        outcome.update(resumed=[step], dead=list(regrid.dead), grew=int(bool(regrid.arrived)))
         if not args.quiet:
             me = grid.my_coord()
             print(f"rank {first_rank}: spare drafted as rank {dist.get_rank()} (tp {me.tp}, dp {me.dp}) in place of"
@@ -218,10 +243,17 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             was = step
             outcome["failed_in"].append(was)
             regrid = grid.shrink(dead=failure.dead or None, dim="dp", policy=policy, snapshots=snapshots)
-            if regrid.retired:
+            if regrid.retired and args.regrow:  # its dp slice was removed: it waits to come back (--regrow)
+                joined = wait_to_join(grid, snapshots, True, wake=False)  # (waking nobody: it was just there)
+                if joined is None:
+                    retired = True
+                    break
+                grid, regrid = joined
+            elif regrid.retired:
                 retired = True
                 break  # this rank's dp slice was removed: it may exit
             grid, step = regrid.grid, regrid.step  # every survivor at this step, model and optimizer restored
+            outcome["grew"] += int(bool(regrid.arrived))  # processes joined: the grid grew back
             outcome["resumed"].append(step)
             outcome["dead"] = list(regrid.dead)
             if not args.quiet:
@@ -241,7 +273,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     worst = compare(model, one_process(args.steps), args.tp, me.tp)
     return {**outcome, "rank": dist.get_rank(), "tp": me.tp, "dp": me.dp, "step": snapshots.step,
             "shape": dict(zip(grid.dim_names, grid.shape)), "weights_sha256": digest.hexdigest(),
-            "max_abs_vs_one_process": worst}  # fmt: skip
+            "max_abs_vs_one_process": worst, "world": dist.get_world_size()}  # fmt: skip
 
 
 def parser() -> argparse.ArgumentParser:
@@ -252,14 +284,18 @@ def parser() -> argparse.ArgumentParser:
     parse.add_argument("--pause", type=float, default=0.0, help="seconds each step waits (time to kill a rank)")
     parse.add_argument("--report", default="")
     parse.add_argument("--kill", default="", help="RANK:STEP:POINT[+MS]")
+    parse.add_argument("--regrow", action="store_true", help="a retired rank waits to come back (grid.arrive)")
     parse.add_argument("--quiet", action="store_true")
     return parse
 
 
 def main() -> int:
     args = parser().parse_args()
-    hypergrid.init_from_env(timeout_s=120)
-    print(f"rank {dist.get_rank()} of {dist.get_world_size()}: pid {os.getpid()}", flush=True)
+    if os.environ.get("HYPERGRID_ARRIVAL") == "1":  # started in place of a dead worker: it joins the running job
+        print(f"rank {os.environ['RANK']} arrives to join: pid {os.getpid()}", flush=True)
+    else:
+        hypergrid.init_from_env(timeout_s=120)
+        print(f"rank {dist.get_rank()} of {dist.get_world_size()}: pid {os.getpid()}", flush=True)
     outcome = train(args)
     if "rank" in outcome:
         print(f"rank {outcome['rank']} (tp {outcome['tp']}, dp {outcome['dp']}): step {outcome['step']}, "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from hypergrid.agreement import diagnosis
@@ -252,7 +252,7 @@ class Vigil:
         self.what = what
         self.end = end
         self.dead: list[int] = []  # the members found dead (set once)
-        self._prober = None if probe is None or watch is None else Prober(period_s, probe, bool)
+        self._prober = None if probe is None or watch is None else Prober(period_s, probe, self._found)
         self._forget: Callable[[], object] | None = None
         self._lock = threading.Lock()
 
@@ -275,10 +275,16 @@ class Vigil:
             raise BarrierFailed(f"member(s) {self.dead} died while {self.what} (a roll call found them)", self.dead)
 
     def _heard(self, dead: tuple[int, ...]) -> None:
-        found = sorted(self.members[rank] for rank in dead if rank in self.members)
+        self._found(sorted(self.members[rank] for rank in dead if rank in self.members))
+
+    def _found(self, found: Iterable[int]) -> bool:
+        """Members found dead (by a verdict, or by the prober: a member the roll call does not cover, an arrival
+        whose heartbeat stood still): the step's waits end once; whether they did."""
+        found = sorted(found)
         with self._lock:
             if not found or self.dead:
-                return
+                return bool(self.dead)
             self.dead = found
         with contextlib.suppress(RuntimeError):  # (on the watcher's thread: an error here would end it)
             self.end(found, f"member(s) {found} died while {self.what}")
+        return True

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from hypergrid.agreement import diagnosis
+from hypergrid.agreement.arrivals import Arrivals
 from hypergrid.agreement.connections import CallStore, Within
 from hypergrid.agreement.liveness import done_key, members_key
 from hypergrid.agreement.rollkeys import member_status
@@ -214,6 +215,8 @@ class World:
             watcher.start()
             if self.number == 0 and self.rank == 0:  # under hypergrid.run: where its agents write a death's call
                 publish_liveness(self.base_store)
+            if self.rank == 0:  # where a process that arrives later wakes the ranks (`arrivals.wake`)
+                Arrivals(self.calls.connection()).publish_world(self.number, self.size)
         self.watcher = watcher
         self.alarm.install(watcher.alarm_reporter, watcher.excluded)
         watcher.on_failure(self._failed)
@@ -293,6 +296,8 @@ class World:
                 watcher.join(JOIN_S)  # the call woke it: it ends on its own
             elif leave:
                 watcher.leave()
+                if self.rank == 0:  # its arrivals' wake key goes with it (a successor's, written since, stays)
+                    Arrivals(self.calls.connection()).unpublish_world(self.number, self.size)
                 if sockets.hosts(self.base_store):  # its store dies with this process: not under the others
                     _on_exit(self.linger, tuple(watcher.dead))
             if watcher.halt(self.calls, JOIN_S):

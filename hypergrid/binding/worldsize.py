@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch.distributed as dist
 
 from hypergrid.errors import WorldSizeError
 
-__all__ = ["world_size_hint"]
+__all__ = ["planned_world", "world_size_hint"]
 
 
 def world_size_hint() -> int | None:
@@ -36,3 +38,24 @@ def world_size_hint() -> int | None:
     if world < 1:
         raise WorldSizeError(f"environment variable WORLD_SIZE={value!r} is not a positive int")
     return world
+
+
+@contextlib.contextmanager
+def planned_world(size: int) -> Iterator[None]:
+    """Inside, `world_size_hint` is ``size``: a grid is built for a world not formed yet (a shrink's successor,
+    which growing back makes larger than the world it is built in).
+
+    Examples:
+        >>> with planned_world(12):
+        ...     world_size_hint()
+        12
+    """
+    before = os.environ.get("WORLD_SIZE")
+    os.environ["WORLD_SIZE"] = str(size)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["WORLD_SIZE"]
+        else:
+            os.environ["WORLD_SIZE"] = before

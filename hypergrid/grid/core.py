@@ -92,6 +92,13 @@ class GridCore:
         # The guard rounds whose keys may still be in the store (destroy() deletes them), and the checked
         # collectives' call counts in this epoch (hypergrid.ops.checks; the root's is used).
         self.guard_ledger, self.call_ledger = GuardLedger(), CallLedger()
+        #: The grid as it was built: (shape, spares, rank_offset). A shrink's successor keeps its predecessor's;
+        #: growing back (`hypergrid.layout.grow`) aims at this shape, never past it.
+        self.origin: tuple[tuple[int, ...], int, int] = (
+            tuple(layout.shape),
+            int(getattr(grid, "spares", 0)),
+            layout.rank_offset,
+        )
         if dist.is_available() and dist.is_initialized():  # built on a world: this rank joins its watch now
             self.adopt(World.current())
             self.ordinal_in(self.registry.world)  # type: ignore[arg-type]  # (adopted just now)
@@ -105,6 +112,10 @@ class GridCore:
             if self.ordinal is not None:  # a view creates through its root: its ordinal is handed back
                 world.job.ordinal(self.describe(), forget=self.ordinal)
         self.root, self.view_name, self.registry = root, view_name, root._core.registry
+
+    def inherit_origin(self, origin: tuple[tuple[int, ...], int, int]) -> None:
+        """Take ``origin`` as this grid's (a shrink's successor: its predecessor's; `origin`)."""
+        self.origin = (tuple(origin[0]), int(origin[1]), int(origin[2]))
 
     # -- its world ----------------------------------------------------------------------
 
@@ -143,6 +154,11 @@ class GridCore:
         world = self.world_for(what)
         world.alarm.check_fence(what)
         return world
+
+    def take_ordinal(self, ordinal: int | None) -> None:
+        """Take ``ordinal`` as the grid's (an arrival's successor: the one the survivors' has; None: at its first
+        creation, as theirs)."""
+        self.ordinal = ordinal
 
     def ordinal_in(self, world: World) -> int:
         """The grid's ordinal (`hypergrid.agreement.guard`): taken from ``world``'s job now if not yet (a grid

@@ -13,12 +13,14 @@ from typing import Any
 import torch.distributed as dist
 
 from hypergrid.agreement import diagnosis
+from hypergrid.agreement.arrivals import Arrivals
 from hypergrid.agreement.membership import Proposal, call_key, release_key, wait_for_call
 from hypergrid.agreement.world import World
 from hypergrid.binding.facet import Facet, require_initialized
 from hypergrid.binding.failures import abort_groups
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, untagged
 from hypergrid.errors import GridTooLargeError, InvalidArgumentError, RankError
+from hypergrid.grid.intake import Intake
 from hypergrid.grid.recovery import Recovery, families_digest
 from hypergrid.grid.regrid import Regrid
 from hypergrid.grid.snapshots import MAX_STEP, StepSnapshots
@@ -91,10 +93,19 @@ def _check_resume(root: Any, call: str, dim: str, step: object, snapshots: objec
 def _recover(recovery: Recovery, proposal: Proposal, families: list[Recreation]) -> Regrid:
     """Agree, plan and carry on (see `hypergrid.grid.recovery`)."""
     dead = recovery.agree(proposal)
+    recovery.intake = Intake.agree(recovery, proposal.policy, proposal.dim, dead, families)  # who arrived meanwhile
     plan, successor = recovery.plan(dead, proposal.policy, proposal.dim, families)
     regrid: Regrid = recovery.carry_on(plan, successor, families, proposal.policy, proposal.dim)
-    record_shrink(recovery.world.number, regrid.epoch, regrid.rank, regrid.old_to_new, regrid.dead)  # hypergrid.run
+    record(recovery, regrid)
     return regrid
+
+
+def record(recovery: Recovery, regrid: Regrid) -> None:
+    """Under ``hypergrid.run``, on the new world's rank 0: the ledger notes whom the shrink excluded and took in."""
+    joined: dict[int, int | None] = {old: None for old in regrid.old_to_new if old >= recovery.size}
+    if regrid.rank == 0 and joined and recovery.last_plan is not None:
+        joined = recovery.intake.launcher_ranks(recovery.last_plan)
+    record_shrink(recovery.world.number, regrid.epoch, regrid.rank, regrid.old_to_new, regrid.dead, joined=joined)
 
 
 def _family_list(root: Any) -> list[Recreation]:
@@ -257,7 +268,7 @@ class Elastic(Facet):
         families = _family_list(root)
         known = recovery.known_dead(named)
         # A "local" grid's families may differ between groups after a death (each group commits alone): the
-        # survivors keep those all of them hold (`Recovery.held_by_all`), so they are not compared here.
+        # survivors keep those all of them hold (`succession.held_by_all`), so they are not compared here.
         compared = [] if grid.strategy == "local" else families
         proposal = Proposal(tuple(known), policy, dim, families_digest(compared, self._core.describe()))
         regrid: Regrid = _recover(recovery, proposal, families)
@@ -315,7 +326,7 @@ class Elastic(Facet):
             grid = regrid.grid
 
     def release_spares(self) -> None:
-        """Tell the spares in ``standby`` that the job ends: their ``standby`` returns ``None``.
+        """Tell the spares in ``standby`` that the job ends: their ``standby`` returns ``None``; so does ``arrive``.
 
         Called by the grid's ranks at the end of the job (any one of them is
         enough; the others' calls change nothing). Later shrinks count the
@@ -326,8 +337,12 @@ class Elastic(Facet):
             >>> HyperCommGrid([2], ["dp"]).release_spares()  # no spares: nothing to do
         """
         self._core.registry.spares_released = True
-        if not self._core.grid.spares:
+        if self._core.grid.spares:
+            require_initialized("release_spares")
+        elif not dist.is_initialized():
             return
-        require_initialized("release_spares")
         world = self._core.world_for("release_spares")
-        world.base_store.compare_set(call_key(world.number), "", "release")
+        if world.rank == 0:  # processes that arrived and wait (`arrive`): the job ends without them
+            Arrivals(world.base_store).close()
+        if self._core.grid.spares:
+            world.base_store.compare_set(call_key(world.number), "", "release")

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from hypergrid.binding.facet import Facet
+from hypergrid.grid.arrival import Growth
 from hypergrid.grid.batch import GuardedCreation
 from hypergrid.grid.communicators import Communicators
 from hypergrid.grid.core import GridCore
@@ -46,7 +47,7 @@ class FacetFront:
 
     def __init__(self, core: GridCore) -> None:
         facets: tuple[type[Facet], ...] = (CoordinateGetters, NodeAwareness, Views, MeshExport, Collectives, Gradients)
-        facets += (Pipeline, Communicators, GuardedCreation, Elastic, MegatronShims)
+        facets += (Pipeline, Communicators, GuardedCreation, Elastic, Growth, MegatronShims)
         self._facets: dict[type[Facet], Facet] = {facet: facet(core) for facet in facets}
 
     create_pgs = delegate(GuardedCreation.create_pgs)
@@ -88,6 +89,8 @@ class FacetFront:
     shrink = delegate(Elastic.shrink)
     standby = delegate(Elastic.standby)
     release_spares = delegate(Elastic.release_spares)
+    grow = delegate(Growth.grow)
+    arrive = delegate(Growth.arrive)
     # Megatron-Core's private helpers, under its names
     _gen_rank_enum = delegate(MegatronShims._gen_rank_enum)
     _gen_rank_enum_for = delegate(MegatronShims._gen_rank_enum_for)

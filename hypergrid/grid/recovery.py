@@ -33,15 +33,15 @@ from hypergrid.binding import reform
 from hypergrid.binding.alarm import quoted
 from hypergrid.binding.failures import abort_groups, communicate, sever_torch_groups
 from hypergrid.binding.interruptible import Formation
-from hypergrid.binding.reform import forget_keys, forget_numbered, formed, reform_world, tear_down, world_keys
-from hypergrid.binding.registry import guard_key
+from hypergrid.binding.reform import Formed, forget_keys, forget_numbered, formed, reform_world, tear_down, world_keys
 from hypergrid.errors import DesyncError, FencedError, HyperGridError, RankFailure
+from hypergrid.grid.intake import Intake
 from hypergrid.grid.regrid import Phases, Regrid
 from hypergrid.grid.snapshots import MAX_STEP, StepSnapshots, share_step
-from hypergrid.grid.succession import Recreation, recreate, successor
+from hypergrid.grid.succession import Recreation, held_by_all, recreate, successor
 from hypergrid.launch.processes import default_device
 from hypergrid.layout.hierarchy import hierarchical_family
-from hypergrid.layout.shrink import ShrinkPlan, plan_shrink
+from hypergrid.layout.shrink import ShrinkPlan
 from hypergrid.values import format_ranks
 
 __all__ = ["Recovery", "Recreation", "families_digest"]
@@ -74,6 +74,9 @@ class Recovery:
         timeout_s: the bound of each wait on a rank that is alive but absent, and of torch's waits.
         step: the step this rank is in (None: none, as on a spare), or taken from ``snapshots``.
         snapshots: this rank's `StepSnapshots`, brought to the agreed step (None: the caller restores).
+        how: the old world's backend and its default group's timeout (default: read from torch's default group;
+            an arrival, which has none, is told them in its draft).
+        intake: the arrivals this shrink may take in (`hypergrid.grid.intake.Intake`; None: none).
     """
 
     def __init__(
@@ -84,6 +87,8 @@ class Recovery:
         timeout_s: float,
         step: int | None = None,
         snapshots: StepSnapshots | None = None,
+        how: Formed | None = None,
+        intake: Intake | None = None,
     ) -> None:
         self.grid = grid
         self.world = world
@@ -95,13 +100,15 @@ class Recovery:
         self._mixed = False  # some members passed snapshots and others did not
         self.dim = "dp"
         self.rank = world.rank
-        self.how = formed()  # the old world's backend and timeout, which the new one keeps
+        self.how = formed() if how is None else how  # the old world's backend and timeout, which the new one keeps
+        self.intake = Intake(world.base_store, size) if intake is None else intake
         self.forming: World | None = None  # the world an attempt is forming, once torch formed it
         self.formation: Formation | None = None  # the store torch forms an attempt's world on
         self.slices = GLOO_WAITS if self.how[0] == "gloo" else 1  # torch's waits: timeout_s in that many
         self.torch_bound_s, self.late, self.ready = timeout_s / self.slices, 0, False
         self.clock = Phases()
         self.attempts = 0
+        self.last_plan: ShrinkPlan | None = None  # the plan of the world that held (`_regrid`)
 
     # -- 1. who is dead ---------------------------------------------------------------
 
@@ -143,9 +150,8 @@ class Recovery:
         self, dead: Sequence[int], policy: str, dim: str, families: Sequence[Recreation]
     ) -> tuple[ShrinkPlan, Any]:
         """The new world and the successor grid, every family checked on it; nothing is torn down here."""
-        grid = self.grid
-        plan = plan_shrink(grid.layout, self.size, grid.spares, dead, dim, policy)
-        new = successor(grid, plan)  # views checked here
+        plan = self.intake.plan(self.grid, dead, policy, dim)
+        new = successor(self.grid, plan)  # views checked here
         for _, spec in families:
             _, layout, view = new._core.family(spec["dims"], spec["view"])
             scope = next((half for half in ("within", "across") if half in spec["kwargs"]), None)
@@ -156,18 +162,28 @@ class Recovery:
 
     # -- 3.-4. tear down, then form worlds until one holds --------------------------------
 
-    def carry_on(self, plan: ShrinkPlan, new: Any, families: Sequence[Recreation], policy: str, dim: str) -> Regrid:
+    def carry_on(
+        self,
+        plan: ShrinkPlan,
+        new: Any,
+        families: Sequence[Recreation],
+        policy: str,
+        dim: str,
+        first: int | None = None,
+    ) -> Regrid:
         """Tear the old world down and form the new one (attempt after attempt); this rank's `Regrid`.
 
         The old world's watcher answers for this rank until the new world holds: it is the liveness every attempt
         asks (the new world's watcher starts once its commit passed, on the old one's connection), and it ends with
         the old world (`end_world`). Then the old world is replaced (`World.replace`): its grids refuse every call.
+        ``first``: the number of the first world to form (default: the old world's next; an arrival drafted in a
+        later attempt starts there).
         """
         grid, world = self.grid, self.world
         old = world.watcher
         world.reforming = True  # the teardown of its default group does not close it: its watcher answers on
         self.dim = dim
-        if plan.order and self.rank == plan.order[0]:
+        if self.intake.survivors(plan)[:1] == [self.rank]:
             store: Any = c10d._get_default_store()
             for dead in plan.dead:  # the dead cannot release their guard announcements themselves
                 store.delete_key(announce_key(dead))
@@ -176,7 +192,7 @@ class Recovery:
         abort_groups(held, world.job)  # never waiting on a dead peer; the world stays this grid's
         grid._core.drop_families()
         self.clock.lap("abort")
-        number = world.number + 1
+        number = world.number + 1 if first is None else first
         while True:
             self.attempts += 1
             if self.rank not in plan.old_to_new:
@@ -184,7 +200,7 @@ class Recovery:
                 if old is not None:  # until the survivors end the old world (see Watcher.join), which names
                     old.join(max(60.0, 4 * self.timeout_s))  # every rank dead by then (later attempts may add)
                     if old.end_dead is not None:
-                        plan = plan_shrink(self.grid.layout, self.size, self.grid.spares, old.end_dead, dim, policy)
+                        plan = self.intake.plan(self.grid, old.end_dead, policy, dim)
                 world.replace(None)
                 return self._regrid(None, None, number, plan, dim)
             try:
@@ -200,8 +216,9 @@ class Recovery:
                 # nor a key of the worlds before the old one: their last wake (a world's end woke every watcher,
                 # some after they had read it and left) can land after its watcher ended
                 forget_numbered(world.base_store, LIVE_PREFIX, world.number - 1)
-            if old is not None:
-                old.end_world(plan.dead, self.size)  # and its record, for a rank left behind that resumes later
+                self.intake.committed(plan, world.number)  # the arrivals taken are skipped from now on
+            if old is not None:  # and its record, for a rank left behind that resumes later
+                old.end_world([rank for rank in plan.dead if rank < self.size], self.size)
                 old.join(self.timeout_s)
                 if plan.dead and plan.old_to_new[self.rank] == 0:  # the record goes with the new grid (or next shrink)
                     new._core.guard_ledger.ended.append(ended_key(world.number))
@@ -221,11 +238,12 @@ class Recovery:
             return self._regrid(new, plan.old_to_new[self.rank], number, plan, dim)
 
     def _regrid(self, grid: Any, rank: int | None, number: int, plan: ShrinkPlan, dim: str) -> Regrid:
+        self.last_plan = plan
         return Regrid(
             grid,
             rank,
             number,
-            plan.dead,
+            tuple(dead for dead in plan.dead if dead < self.size),
             retired=rank is None,
             old_to_new=plan.old_to_new,
             source=plan.source,
@@ -234,6 +252,7 @@ class Recovery:
             seconds=self.clock.seconds,
             attempts=self.attempts,
             step=None if rank is None else self.agreed,
+            arrived=tuple(plan.old_to_new[rank] for rank in plan.arrived),
         )
 
     def _end_forming(self, dead: list[int], text: str) -> None:
@@ -259,8 +278,15 @@ class Recovery:
         probe, side = None, None
         if old is not None:
             text = f"rank {self.rank} forms world {number}"
-            probe = lambda: [plan.old_to_new[r] for r in old.probe(text) if r in plan.old_to_new]  # noqa: E731
+            calls = self.world.calls
+
+            def probe() -> list[int]:  # the old world's roll call, and the arrivals' heartbeats
+                found = (*old.probe(text), *self.intake.gone(plan, calls.connection()))
+                return [plan.old_to_new[rank] for rank in found if rank in plan.old_to_new]
+
             side = old.side
+        if self.rank in self.intake.survivors(plan)[:2]:  # (two: one may die before it wrote them)
+            self.intake.send_drafts(plan, number, {"ordinal": new._core.ordinal, "ordinals": self.world.job.ordinals})
 
         def barrier(step: str, what: str, wait_s: float) -> Barrier:
             deadline = time.monotonic() + wait_s
@@ -281,7 +307,7 @@ class Recovery:
             self.ready = True  # (on every member alike: the barrier's outcome is written once)
             # Survivors in their old order (no spare moved in): a backend that can shrink does it in place (on the
             # first attempt only: after a failed one the old world is gone).
-            kept = self.attempts == 1 and list(plan.order) == sorted(plan.order)
+            kept = self.attempts == 1 and list(plan.order) == sorted(plan.order) and not plan.arrived
             excluded = [gone for gone in range(self.size) if gone not in plan.old_to_new] if kept else None
             timeout = self.grid.group_options.get("timeout")
             # Until the commit passes, the attempt asks the old world's roll call (its watcher answers on; inside torch
@@ -298,7 +324,9 @@ class Recovery:
                 new._core.adopt(self.forming, join=False)  # joined once the commit passed (`carry_on`)
                 vigil.check()
                 self.clock.lap("world")
-                recreate(new._core, self.held_by_all(families, number), self.torch_bound_s)
+                alarm = self.forming.alarm
+                held = families if self.grid.strategy != "local" else held_by_all(families, alarm, number)
+                recreate(new._core, held, self.torch_bound_s)
                 self.clock.lap("families")
                 vigil.check()
                 self.agree_step(new, new_rank, number)
@@ -313,34 +341,6 @@ class Recovery:
         commit.run()
         self.clock.lap("commit")
         return stale
-
-    def held_by_all(self, families: Sequence[Recreation], number: int) -> list[Recreation]:
-        """The families to re-create in world ``number``: on a ``"local"`` grid, those every member holds.
-
-        Members-only creation commits each group alone: a death while one group was made rolls the family back on
-        that group's members, and the other groups keep it. Such a grid's survivors agree on the dead without
-        comparing families (`families_digest`), and here keep the families all of them hold, in their order: one
-        all-reduce (MAX, the longest list) and one all-gather of a 60-bit hash per family. Any other grid's
-        families were compared already (its failed creations roll back on every rank).
-        """
-        if self.grid.strategy != "local":
-            return list(families)
-        device = default_device()
-        hashes = [
-            int(hashlib.sha1(guard_key(key).encode(), usedforsecurity=False).hexdigest()[:15], 16)
-            for key, _ in families
-        ]
-        longest = torch.tensor([len(hashes)], dtype=torch.int64, device=device)
-        alarm = None if self.forming is None else self.forming.alarm
-        communicate(alarm, f"shrink: the families of world {number}", dist.all_reduce, longest, op=dist.ReduceOp.MAX)
-        if not longest.item():
-            return []
-        mine = torch.full((int(longest.item()),), -1, dtype=torch.int64, device=device)
-        mine[: len(hashes)] = torch.tensor(hashes, dtype=torch.int64, device=device)
-        held = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-        communicate(alarm, f"shrink: the families of world {number}", dist.all_gather, held, mine)
-        common = set.intersection(*(set(each.tolist()) for each in held))
-        return [family for family, value in zip(families, hashes) if value in common]
 
     def agree_step(self, successor: Any, new_rank: int, number: int) -> None:
         """The step world ``number`` resumes from, and (with snapshots) every replica brought to it.

@@ -33,6 +33,9 @@ class Regrid:
             replicas brought to it) and ``commit`` (every survivor has them), each of the last attempt; an
             attempt that failed (a death while the new world formed) adds a line of its own.
         attempts: how many worlds were formed until one held (1 unless a rank died during the shrink).
+        arrived: the new ranks of the processes that arrived after the job began and joined here (growing back:
+            ``grid.arrive``; their state is the agreed step's when ranks passed ``snapshots``, else copy it from
+            ``source``); empty for a plain shrink.
         step: the step every rank of the new grid resumes from: the lowest step the survivors passed to
             ``shrink`` (``step=`` or their ``snapshots``), agreed inside it; ``None`` when nobody passed one
             (and on a retired rank). With ``snapshots`` the holders are at this step already; without,
@@ -51,6 +54,7 @@ class Regrid:
     seconds: dict[str, float] = field(default_factory=dict, compare=False)
     attempts: int = 1
     step: int | None = None
+    arrived: tuple[int, ...] = ()
 
     def broadcast_from_sources(self, tensors: Iterable[torch.Tensor]) -> None:
         """Copy ``tensors`` from each source to the spares that took over, over the grid's ``dim`` family.

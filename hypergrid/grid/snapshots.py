@@ -164,6 +164,18 @@ class StepSnapshots:
                     buffer.copy_(tensor)
         self._snapshots.append(_Snapshot(step, skeleton, buffers))
 
+    def clear(self) -> None:
+        """Forget every step held (the holders keep their values): a process that comes back into the grid (``arrive``
+        on a rank a shrink retired) resumes from the agreed step, copied from a replica, not from its own past.
+
+        Examples:
+            >>> import torch
+            >>> snapshots = StepSnapshots(torch.zeros(1))
+            >>> snapshots.take(0); snapshots.clear(); snapshots.steps
+            ()
+        """
+        self._snapshots.clear()
+
     def restore(self, step: int) -> int:
         """Load the snapshot of ``step`` into the holders and forget newer ones; returns ``step``.
 

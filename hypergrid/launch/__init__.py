@@ -6,13 +6,14 @@ command line (``launcher``, ``flags``), its agent (``agent``, ``health``, ``outc
 and ``orphans`` (a worker ends with its parent). docs/design/launcher.md.
 """
 
-from hypergrid.launch.processes import WorkerDeath, default_device, init_from_env, spawn
+from hypergrid.launch.processes import WorkerDeath, default_device, init_from_env, job_store, spawn
 from hypergrid.launch.stacks import STACK_DIR_ENV, enable_stack_dumps, read_stack_dumps
 
 __all__ = [
     "WorkerDeath",
     "default_device",
     "init_from_env",
+    "job_store",
     "spawn",
     "STACK_DIR_ENV",
     "enable_stack_dumps",

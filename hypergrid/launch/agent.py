@@ -28,6 +28,7 @@ from hypergrid.errors import InvalidArgumentError
 from hypergrid.launch.health import HealthRound
 from hypergrid.launch.ledger import LEDGER_ENV, agree_ledger, parse_ranks, raised, read_shrunk
 from hypergrid.launch.outcomes import WorkerOutcome, judge
+from hypergrid.launch.replacements import Replacements
 from hypergrid.launch.ring import AgentRing, local_address
 from hypergrid.values import format_ranks
 
@@ -54,6 +55,8 @@ class MinHealthyAgent(LocalElasticAgent):
             stops them and fails.
         exit_barrier_timeout_s: how long an agent whose workers have all exited
             waits for the other agents' workers before it exits anyway.
+        replace_dead: how many workers it may start in place of dead ones per round (``--replace-dead``,
+            ``--max-replacements``; `hypergrid.launch.replacements`); 0: none.
         on_death: ``on_death(store, ledger, ranks, world_size, said)``, run the moment a worker is seen failed,
             or another agent watched through the ring (`hypergrid.launch.ring`) is seen dead, with its workers
             (``hypergrid.agreement.sentinel.announce_death``: the survivors' roll call); never raises out.
@@ -74,6 +77,7 @@ class MinHealthyAgent(LocalElasticAgent):
         log_line_prefix_template: str | None = None,
         shutdown_timeout: int = 30,
         on_death: Callable[[Any, str, list[int], int, str], object] | None = None,
+        replace_dead: int = 0,
     ) -> None:
         if not isinstance(spec.entrypoint, str):
             raise InvalidArgumentError(
@@ -100,6 +104,8 @@ class MinHealthyAgent(LocalElasticAgent):
         self.ring: AgentRing | None = None  # this round's watch of the next agent (several nodes only)
         self.ledger = ""  # the round's ledger prefix (hypergrid.launch.ledger), named in the workers' environment
         self.on_death = on_death
+        self.replace_dead = replace_dead
+        self.replacements = Replacements(0)  # this round's workers started in place of dead ones
         self._store_client: Any = None
         self._client_lock = threading.Lock()
 
@@ -119,6 +125,8 @@ class MinHealthyAgent(LocalElasticAgent):
         if self.health is not None:
             self.health.stop_watching()
         self._leave_ring()
+        self.replacements.stop()
+        self.replacements = Replacements(self.replace_dead)
         self.outcomes = {}
         self.job_workers = group.workers[0].world_size
         self.health = HealthRound(
@@ -210,15 +218,26 @@ class MinHealthyAgent(LocalElasticAgent):
             if not health.claim(outcome.rank, f"agent {self._index()}") or not outcome.failed:
                 continue  # (claimed already: the ring found this agent dead, and counted it)
             below = health.record_failure() or below
-            self._announce([outcome.rank], outcome.describe())
-            report(
-                f"worker rank {outcome.rank} (local rank {outcome.local_rank}, pid {outcome.pid}) "
-                f"{outcome.describe()}; {health.healthy()} of {health.workers} workers of the job healthy, "
-                f"minimum {self.min_healthy}" + ("" if below else ": the others keep running")
-            )
+            self._failed(outcome, below, f"{health.healthy()} of {health.workers} workers of the job healthy")
+        for outcome in self.replacements.exits():  # (not counted against the minimum: the round's workers are)
+            if outcome.failed:
+                self._failed(outcome, below, "a replacement")
         if below:
             return "below"
-        return "done" if len(self.outcomes) == len(self._worker_group.workers) else "running"
+        done = len(self.outcomes) == len(self._worker_group.workers) and not self.replacements.running
+        return "done" if done else "running"
+
+    def _failed(self, outcome: WorkerOutcome, below: bool, health: str) -> None:
+        """A worker failed: the survivors are told; with ``--replace-dead``, a worker starts in its place."""
+        self._announce([outcome.rank], outcome.describe())
+        replaced = None if below else self.replacements.start(self._pcontext, outcome.local_rank, outcome.rank)
+        after = "" if below else ": the others keep running"
+        if replaced is not None:
+            after += f"; a replacement started in its place (pid {replaced})"
+        report(
+            f"worker {outcome.name} (local rank {outcome.local_rank}, pid {outcome.pid}) {outcome.describe()}; "
+            f"{health}, minimum {self.min_healthy}{after}"
+        )
 
     def _client(self) -> Any:
         """A connection to the workers' store (hosted by node 0's agent), opened once per round."""
@@ -255,7 +274,12 @@ class MinHealthyAgent(LocalElasticAgent):
         for rank in parse_ranks(listed) & set(self.outcomes):
             if self.outcomes[rank].failed:
                 self.outcomes[rank] = dataclasses.replace(self.outcomes[rank], shrunk=True)
-        succeeded, self.verdict = judge(self.outcomes.values())
+        shrunk = parse_ranks(listed)
+        replaced = [
+            dataclasses.replace(each, shrunk=each.failed and each.rank in shrunk) for each in self.replacements.ended
+        ]
+        self.replacements.ended = replaced
+        succeeded, self.verdict = judge([*self.outcomes.values(), *replaced])
         return WorkerState.SUCCEEDED if succeeded else WorkerState.FAILED
 
     def _count_job(self) -> None:
@@ -314,12 +338,14 @@ class MinHealthyAgent(LocalElasticAgent):
                 self.restarts_used += 1
                 report(f"{below}: restarting every worker ({self._remaining_restarts} restart(s) left after this)")
                 self._leave_ring()  # (before the next rendezvous: the workers this ring watched are stopped)
+                self.replacements.stop()
                 self._restart_workers(self._worker_group)
                 self._begin_round()
                 continue
             report(f"{below} and no restart left (--max-restarts {spec.max_restarts}): stopping every worker")
             self._stop_workers(self._worker_group)
             self._exits(stopped=True)
+            self.replacements.stop()
             self.verdict = f"failed: {below}"
             return self._result(WorkerState.FAILED)
 
@@ -327,6 +353,7 @@ class MinHealthyAgent(LocalElasticAgent):
         """After ``run`` ended abnormally (the launcher signalled, the agent raised): note how and who was stopped."""
         self.verdict = verdict
         self._leave_ring()
+        self.replacements.stop()
         if self._pcontext is not None and self._worker_group.workers and self._worker_group.store is not None:
             self._exits(stopped=True)
         self._count_job()  # the summary counts the failures it lists
@@ -339,6 +366,7 @@ class MinHealthyAgent(LocalElasticAgent):
             >>> agent.outcomes = {0: WorkerOutcome(0, 0, 10, 0), 1: WorkerOutcome(1, 1, 11, -9, shrunk=True)}
             >>> agent.verdict = judge(agent.outcomes.values())[1]
             >>> agent.job_failed, agent.job_workers, agent.min_healthy, agent.restarts_used = 1, 2, 1, 0
+            >>> agent.replacements, agent.replace_dead = Replacements(0), 0
             >>> print(agent.summary())
             summary: succeeded: 1 of 2 workers finished; rank 1 died by signal SIGKILL and was shrunk away
               this node's workers (ranks 0-1):
@@ -348,11 +376,14 @@ class MinHealthyAgent(LocalElasticAgent):
         """
         ranks = format_ranks(list(self.outcomes))
         lines = [f"summary: {self.verdict or 'ended'}", f"  this node's workers (ranks {ranks}):"]
-        for rank, outcome in sorted(self.outcomes.items()):
+        for outcome in sorted(
+            [*self.outcomes.values(), *self.replacements.ended], key=lambda o: (o.rank, o.replacement)
+        ):
             shrunk = "; shrunk away" if outcome.shrunk else ""
-            lines.append(f"  rank {rank}: {outcome.describe()}{shrunk} (pid {outcome.pid})")
+            lines.append(f"  {outcome.name}: {outcome.describe()}{shrunk} (pid {outcome.pid})")
         lines.append(
             f"  job: {self.job_failed} of {self.job_workers} workers failed; --min-healthy {self.min_healthy}; "
             f"restarts used: {self.restarts_used}"
+            + (f"; replacements started: {len(self.replacements.started)}" if self.replace_dead else "")
         )
         return "\n".join(lines)

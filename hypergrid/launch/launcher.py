@@ -38,10 +38,12 @@ __all__ = ["DEFAULT_EXIT_BARRIER_TIMEOUT_S", "configure", "launch", "main", "par
 DEFAULT_EXIT_BARRIER_TIMEOUT_S = 86400.0
 
 _USAGE, _FAILED, _SUCCEEDED = 2, 1, 0
+#: ``--max-replacements``' default: workers one agent may start in place of dead ones, per round.
+DEFAULT_MAX_REPLACEMENTS = 3
 
 
 def parser() -> argparse.ArgumentParser:
-    """torchrun's argument parser with hypergrid.run's two flags added.
+    """torchrun's argument parser with hypergrid.run's flags added.
 
     Examples:
         >>> args = parser().parse_args(["--standalone", "--nproc-per-node", "4", "train.py", "--lr", "0.1"])
@@ -75,7 +77,44 @@ def parser() -> argparse.ArgumentParser:
         help="seconds an agent whose workers have all exited waits for the other agents' workers (it may host "
         f"the store they use). Default: {DEFAULT_EXIT_BARRIER_TIMEOUT_S:g}",
     )
+    ours.add_argument(
+        "--replace-dead",
+        "--replace_dead",
+        action="store_true",
+        help="start a new worker in place of each one that dies (its rank reused, HYPERGRID_ARRIVAL=1 in its "
+        "environment: the script calls grid.arrive and the grid grows back); see docs/elastic.md",
+    )
+    ours.add_argument(
+        "--max-replacements",
+        "--max_replacements",
+        type=int,
+        default=None,
+        help=f"with --replace-dead: how many workers this node's agent starts in place of dead ones (per round). "
+        f"Default: {DEFAULT_MAX_REPLACEMENTS}",
+    )
     return result
+
+
+def replacements_of(args: argparse.Namespace) -> int:
+    """How many replacements this node's agent may start: 0 without ``--replace-dead``.
+
+    Raises:
+        InvalidArgumentError: ``--max-replacements`` without ``--replace-dead``, or below 1.
+
+    Examples:
+        >>> replacements_of(parser().parse_args(["--replace-dead", "--no-python", "train"]))
+        3
+        >>> replacements_of(parser().parse_args(["--no-python", "train"]))
+        0
+    """
+    if args.max_replacements is not None and not args.replace_dead:
+        raise flag_error("--max-replacements", args.max_replacements, "to come with --replace-dead")
+    if not args.replace_dead:
+        return 0
+    count = DEFAULT_MAX_REPLACEMENTS if args.max_replacements is None else args.max_replacements
+    if count < 1:
+        raise flag_error("--max-replacements", count, "an int >= 1")
+    return int(count)
 
 
 def configure(args: argparse.Namespace) -> tuple[LaunchConfig, str, list[str]]:
@@ -95,6 +134,7 @@ def configure(args: argparse.Namespace) -> tuple[LaunchConfig, str, list[str]]:
         ('c10d', 1, 2, True)
     """
     check_flags(args)
+    replacements_of(args)
     if args.standalone or (args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None):
         _, max_nodes = parse_min_max_nnodes(args.nnodes)
         if args.standalone or max_nodes == 1:  # torchrun's rule: one node needs no rendezvous server
@@ -125,10 +165,12 @@ def launch(
     min_healthy: int = 1,
     exit_barrier_timeout_s: float = DEFAULT_EXIT_BARRIER_TIMEOUT_S,
     on_death: Callable[[Any, str, list[int], int, str], object] | None = None,
+    replace_dead: int = 0,
 ) -> int:
     """Run ``entrypoint args`` on this node's workers under ``MinHealthyAgent``; the exit code.
 
-    ``on_death``: the agent's announcer of a worker's death (``MinHealthyAgent``'s).
+    ``on_death``: the agent's announcer of a worker's death (``MinHealthyAgent``'s). ``replace_dead``: how many
+    workers the agent may start in place of dead ones (`replacements_of`).
 
     torchrun's ``launch_agent``, with our agent: the same rendezvous handler, worker spec, metrics and events. Prints
     the summary (``MinHealthyAgent.summary``) on stderr before returning.
@@ -193,6 +235,7 @@ def launch(
         log_line_prefix_template=config.log_line_prefix_template,
         shutdown_timeout=config.shutdown_timeout or 30,
         on_death=on_death,
+        replace_dead=replace_dead,
     )
     initialize_metrics(MetricsConfig(config.metrics_cfg))
     close_rendezvous, code = True, _FAILED
@@ -236,6 +279,7 @@ def main(
             min_healthy=args.min_healthy,
             exit_barrier_timeout_s=args.exit_barrier_timeout,
             on_death=on_death,
+            replace_dead=replacements_of(args),
         )
     except InvalidArgumentError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -87,6 +87,7 @@ def record_shrink(
     old_to_new: Mapping[int, int],
     dead: Iterable[int],
     store: Any = None,
+    joined: Mapping[int, int | None] | None = None,
 ) -> bool:
     """After a shrink, on the new world's rank 0 under ``hypergrid.run``: note whom it excluded; whether it wrote.
 
@@ -100,6 +101,8 @@ def record_shrink(
         old_to_new: old rank -> new rank, for every rank of the new world.
         dead: the old world's ranks the shrink excluded.
         store: where to write (default: torch's default store, whose raw store the agents host).
+        joined: the processes that arrived and were taken in (old ranks from the old world's size, see
+            `hypergrid.layout.grow.plan_regrow`) -> their launcher rank (None: not started by the launcher).
 
     Examples:
         >>> import os, torch.distributed as dist
@@ -116,13 +119,19 @@ def record_shrink(
     if not ledger or new_rank != 0:
         return False
     try:
-        return _record(ledger, old_epoch, new_epoch, old_to_new, dead, store)
+        return _record(ledger, old_epoch, new_epoch, old_to_new, dead, store, joined or {})
     except Exception:  # never fail a shrink over its report: the agent counts the deaths as unaccounted
         return False
 
 
 def _record(
-    ledger: str, old_epoch: int, new_epoch: int, old_to_new: Mapping[int, int], dead: Iterable[int], store: Any
+    ledger: str,
+    old_epoch: int,
+    new_epoch: int,
+    old_to_new: Mapping[int, int],
+    dead: Iterable[int],
+    store: Any,
+    joined: Mapping[int, int | None],
 ) -> bool:
     if store is None:
         from torch.distributed import distributed_c10d as c10d
@@ -136,7 +145,7 @@ def _record(
     listed = "".join(f"{rank}," for rank in gone if rank is not None)
     if listed:
         store.append(f"{ledger}shrunk", listed)
-    by_new = {new: launcher_rank(old) for old, new in old_to_new.items()}
+    by_new = {new: joined[old] if old in joined else launcher_rank(old) for old, new in old_to_new.items()}
     known = [by_new.get(new) for new in range(len(by_new))]
     if all(rank is not None for rank in known):
         store.set(f"{ledger}world/{new_epoch}", ",".join(str(rank) for rank in known))

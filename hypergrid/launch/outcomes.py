@@ -34,6 +34,8 @@ class WorkerOutcome:
             launcher itself was signalled).
         raised: the first line of the exception it raised (``Type: message``), when it said.
         shrunk: a shrink of the survivors excluded it (read once every worker has exited).
+        replacement: 0 for a worker the round started; ``k`` for the ``k``-th the agent started in its place
+            (``--replace-dead``: `hypergrid.launch.replacements`).
 
     Examples:
         >>> WorkerOutcome(3, 3, 4242, -9).describe()
@@ -51,11 +53,22 @@ class WorkerOutcome:
     stopped: bool = False
     raised: str | None = None
     shrunk: bool = False
+    replacement: int = 0
 
     @property
     def failed(self) -> bool:
         """It ended by itself, not with exit code 0."""
         return not self.stopped and self.exitcode != 0
+
+    @property
+    def name(self) -> str:
+        """``rank 3``, or ``rank 3 (replacement 1)`` for the first worker started in its place.
+
+        Examples:
+            >>> WorkerOutcome(3, 3, 4242, 0, replacement=1).name
+            'rank 3 (replacement 1)'
+        """
+        return f"rank {self.rank}" + (f" (replacement {self.replacement})" if self.replacement else "")
 
     def _how(self) -> str:
         if self.exitcode is None:
@@ -107,15 +120,15 @@ def judge(outcomes: Iterable[WorkerOutcome]) -> tuple[bool, str]:
         >>> print(judge([WorkerOutcome(4, 4, 14, 1, raised="RankError: no"), WorkerOutcome(5, 5, 15, 1)])[1])
         failed: rank 4 raised RankError, rank 5 died with exit code 1; no shrink excluded them
     """
-    ordered = sorted(outcomes, key=lambda outcome: outcome.rank)
+    ordered = sorted(outcomes, key=lambda outcome: (outcome.rank, outcome.replacement))
     unaccounted = [outcome for outcome in ordered if outcome.failed and not outcome.shrunk]
     if unaccounted:
-        named = ", ".join(f"rank {outcome.rank} {outcome.brief()}" for outcome in unaccounted)
+        named = ", ".join(f"{outcome.name} {outcome.brief()}" for outcome in unaccounted)
         why = "; no shrink excluded them" if len(unaccounted) > 1 else " and no shrink excluded it"
         return False, f"failed: {named}{why}"
     finished = sum(1 for outcome in ordered if outcome.exitcode == 0 and not outcome.stopped)
     text = f"succeeded: {finished} of {len(ordered)} workers finished"
     for outcome in ordered:
         if outcome.failed:
-            text += f"; rank {outcome.rank} {outcome.brief()} and was shrunk away"
+            text += f"; {outcome.name} {outcome.brief()} and was shrunk away"
     return True, text

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 from torch.distributed.rendezvous import rendezvous
 
-from hypergrid.errors import BackendError, WorkerError, public
+from hypergrid.errors import BackendError, InvalidArgumentError, WorkerError, public
 from hypergrid.launch.ledger import record_uncaught_exceptions
 from hypergrid.launch.sockets import opened, snapshot, track
 from hypergrid.launch.spawned import FENCED, HOST, RETURNED, UNPICKLABLE, LauncherStreams, start_context, worker
@@ -35,7 +35,7 @@ from hypergrid.launch.stacks import enable_stack_dumps, request_stack_dumps
 from hypergrid.validation import check_bool, check_choice, check_int, check_str, refuse
 from hypergrid.values import check_timeout, first_line
 
-__all__ = ["default_device", "init_from_env", "spawn"]
+__all__ = ["default_device", "init_from_env", "job_store", "spawn"]
 
 #: The most workers ``spawn`` starts: local processes on one host (a larger number is refused, not attempted).
 MAX_SPAWN = 1024
@@ -121,6 +121,31 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch
     dist.init_process_group(chosen, store=store, rank=rank, world_size=world_size, timeout=timeout)
     track(dist.group.WORLD, opened(before))  # severed if the world fails (a gloo abort)
     return torch.device("cpu")
+
+
+@public
+def job_store(timeout_s: float = 600.0) -> Any:
+    """The running job's store as its ranks' default group holds it, for a process that arrives later.
+
+    From the environment ``hypergrid.run`` and torchrun give a worker (``env://``: ``MASTER_ADDR``, ``MASTER_PORT``,
+    ``TORCHELASTIC_RESTART_COUNT``): a client of the job's TCPStore (never its host), under the prefixes torch and
+    `init_from_env` put the job's first default group's keys (``default_pg`` or its restart's, then the group's
+    name ``0/``). ``HyperCommGrid.arrive`` uses it by default.
+
+    Raises:
+        InvalidArgumentError: ``MASTER_ADDR`` or ``MASTER_PORT`` is not set (or not a port), or a bad ``timeout_s``.
+    """
+    timeout = datetime.timedelta(seconds=check_timeout(timeout_s, "timeout_s"))
+    host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    if not host or not port.isdigit():
+        raise InvalidArgumentError(
+            f"job_store: MASTER_ADDR={host!r} and MASTER_PORT={port!r}; expected the job's store address (a host "
+            "and a port), as hypergrid.run and torchrun set them"
+        )
+    client = TCPStore(host, int(port), is_master=False, timeout=timeout)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
+    prefix = "default_pg" if restart == "0" else f"default_pg/restart{restart}"
+    return PrefixStore("0/", PrefixStore(prefix, client))
 
 
 def _env_store(timeout: datetime.timedelta) -> tuple[Any, int, int]:

@@ -41,6 +41,8 @@ class ShrinkPlan:
         retired: old ranks alive but left out (the rest of a removed slice), sorted.
         source: new rank of a spare that took over -> an old rank, alive and kept,
             with the same coordinates on every dim but ``dim`` (holds the same shard).
+        arrived: the processes that arrived after the job began and are taken in (as old ranks numbered from
+            the old world's size: `hypergrid.layout.grow.plan_regrow`); empty for a shrink.
     """
 
     policy: str
@@ -51,6 +53,7 @@ class ShrinkPlan:
     dead: tuple[int, ...]
     retired: tuple[int, ...]
     source: dict[int, int] = field(default_factory=dict)
+    arrived: tuple[int, ...] = ()
 
     @property
     def old_to_new(self) -> dict[int, int]:

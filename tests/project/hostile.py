@@ -220,6 +220,8 @@ def entries() -> list[Entry]:
     method("shift", {"dim": "tp", "disp": 1, "periodic": False, "rank": 0}, {"disp": INTS})
     method("shrink", {"dead": None, "dim": "dp", "policy": "drop", "timeout_s": None, "step": None, "snapshots": None})
     method("standby", {"timeout_s": 1.0, "snapshots": None})
+    method("grow", {"snapshots": None, "step": None, "dim": "dp", "policy": "drop", "timeout_s": None})
+    method("arrive", {"timeout_s": 1.0, "snapshots": None, "store": dist.HashStore(), "wake_ranks": True})
     # device_type is to_device_mesh's own (hypergrid/grid/mesh.py, another helper's): it reaches torch unchecked.
     method("to_device_mesh", {"dims": ["tp"], "device_type": "cpu"}, pending={"device_type": "mesh"})
     method("view", {"shape": [1, 1], "dim_names": ["a", "b"], "shared_dims": None, "name": None})
@@ -281,6 +283,7 @@ def entries() -> list[Entry]:
     function("spawn", lambda: hypergrid.spawn, spawn_kwargs,
              skip={"args": {"list of a huge int", "nested list"}})  # fn's arguments are fn's business  # fmt: skip
     function("init_from_env", lambda: hypergrid.init_from_env, {"backend": "gloo", "timeout_s": 10.0})
+    function("job_store", lambda: hypergrid.launch.job_store, {"timeout_s": 10.0})
     paths = {"directory": STRINGS}  # any string may name a directory: a long one is refused by the OS, or made
     function("enable_stack_dumps", lambda: hypergrid.launch.enable_stack_dumps,
              {"directory": tmp, "rank": 0, "signum": None}, skip=paths)  # fmt: skip

@@ -19,6 +19,7 @@ from torch.distributed import distributed_c10d as c10d
 import hypergrid.grid.batch
 from hypergrid import HyperCommGrid, HyperGridError, RankFailure
 from hypergrid.agreement import protocol
+from hypergrid.agreement.arrivals import Arrivals
 from hypergrid.agreement.liveness import world_keys
 
 
@@ -171,9 +172,11 @@ def near_deadline_race() -> dict[str, Any]:
 
 
 def _keys(store: Any) -> int:
-    """The store's keys but the world's own (who is in its watch: they stay while a grid holds the world)."""
+    """The store's keys but the world's own (who is in its watch, where an arrival wakes it: they stay while a grid
+    holds the world)."""
     dist.barrier()
-    count = int(store.num_keys()) - sum(int(store.check([key])) for key in world_keys(0))
+    own = [*world_keys(0), Arrivals.key("world")]
+    count = int(store.num_keys()) - sum(int(store.check([key])) for key in own)
     dist.barrier()
     return count
 

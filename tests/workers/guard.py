@@ -15,6 +15,7 @@ import hypergrid.grid.batch
 from benchmarks.guard import CountingStore
 from hypergrid import HyperCommGrid
 from hypergrid.agreement import protocol
+from hypergrid.agreement.arrivals import Arrivals
 from hypergrid.agreement.liveness import done_key, members_key, world_keys
 from tests.workers.basic import _allreduce_rank, _outcome
 
@@ -108,11 +109,13 @@ def _left(store: Any, baseline: int) -> int:
     """Keys above ``baseline`` once every rank got here, counted before any rank goes on.
 
     The world's own keys (its ``done``, the number of its last roll call that every rank read, and who is in its
-    watch: `hypergrid.agreement.liveness.world_keys`), which stay while a grid holds the world, are not counted:
+    watch: `hypergrid.agreement.liveness.world_keys`; where a process that arrives wakes it:
+    `hypergrid.agreement.arrivals`), which stay while a grid holds the world, are not counted:
     `store_hygiene` says whether they are there at the end.
     """
     dist.barrier()
-    keys = int(store.num_keys()) - baseline - sum(int(store.check([key])) for key in world_keys(0))
+    own = [*world_keys(0), Arrivals.key("world")]  # (the last: where an arrival wakes the world, while it is held)
+    keys = int(store.num_keys()) - baseline - sum(int(store.check([key])) for key in own)
     dist.barrier()
     return keys
 

@@ -1,0 +1,86 @@
+"""``--replace-dead``: the agent starts a new worker in place of each one that died, and the grid grows back.
+
+A replacement runs the dead worker's command with its environment (its ``RANK`` and ``LOCAL_RANK``: the launcher's
+rank is reused) and ``HYPERGRID_ARRIVAL=1``: the script builds its grid as the others did and calls
+``grid.arrive`` instead of initializing torch.distributed (docs/elastic.md, "Growing back"). The agent holds one
+`Replacements` per round: it starts at most ``limit`` of them over the round, watches them as it watches its
+workers (`exits`), and stops them with the round. docs/launcher.md ("Replacing the dead").
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from typing import Any
+
+from hypergrid.launch.outcomes import WorkerOutcome
+
+__all__ = ["ARRIVAL_ENV", "Replacements"]
+
+#: Set to ``1`` in a replacement's environment: the script joins the running job (``grid.arrive``).
+ARRIVAL_ENV = "HYPERGRID_ARRIVAL"
+#: How long `Replacements.stop` waits after SIGTERM before it SIGKILLs.
+STOP_S = 5.0
+
+
+class Replacements:
+    """The workers one agent started in place of dead ones, in one round.
+
+    Args:
+        limit: how many it may start in the round (``--max-replacements``).
+
+    Examples:
+        >>> replacements = Replacements(0)
+        >>> replacements.start(None, 3, 3), replacements.running, replacements.exits()
+        (None, {}, [])
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.started: list[tuple[int, int, int]] = []  # (launcher rank, local rank, pid), in order
+        self.running: dict[int, tuple[subprocess.Popen[bytes], int, int]] = {}  # pid -> (process, rank, how many)
+        self.ended: list[WorkerOutcome] = []
+
+    def start(self, pcontext: Any, local_rank: int, rank: int) -> int | None:
+        """Start a replacement of worker ``rank`` (``local_rank`` here) with its command; its pid, or None where the
+        limit is reached (or there is no worker command to repeat)."""
+        if len(self.started) >= self.limit or pcontext is None:
+            return None
+        command = [pcontext.entrypoint, *pcontext.args[local_rank]]
+        env = {**os.environ, **pcontext.envs[local_rank], ARRIVAL_ENV: "1"}
+        process = subprocess.Popen(command, env=env)
+        count = 1 + sum(1 for started, _, _ in self.started if started == rank)
+        self.started.append((rank, local_rank, process.pid))
+        self.running[process.pid] = (process, rank, count)
+        return process.pid
+
+    def exits(self, stopped: bool = False) -> list[WorkerOutcome]:
+        """The replacements seen exited since the last call (every one still running, stopped, when ``stopped``)."""
+        found = []
+        for pid, (process, rank, count) in list(self.running.items()):
+            code = process.poll()
+            if code is None and not stopped:
+                continue
+            local = next(local for started, local, each in self.started if each == pid)
+            outcome = WorkerOutcome(rank, local, pid, code, stopped, replacement=count)
+            del self.running[pid]
+            self.ended.append(outcome)
+            found.append(outcome)
+        return found
+
+    def stop(self) -> list[WorkerOutcome]:
+        """Stop every replacement still running (SIGTERM, then SIGKILL after `STOP_S`); their outcomes."""
+        processes = [process for process, _, _ in self.running.values()]
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_S
+        for process in processes:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        return self.exits(stopped=True)
