@@ -169,6 +169,17 @@ class Watcher:
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
+    def settle(self) -> bool:
+        """Wait until the incident the thread answered has its verdict (at most the roll call's bound and a grace):
+        a rank that leaves in the middle would never count its read, and the incident's keys would stay. Whether it
+        settled."""
+        deadline = time.monotonic() + bound_s(len(self.expected), self.liveness_s) + _GRACE_S
+        while self._incident is not None and self._thread.is_alive():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
     def leave(self) -> None:
         """This rank's process ends normally: say so (it is not dead), then stop."""
         if self.stopped or self.fenced:
