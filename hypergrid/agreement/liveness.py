@@ -36,6 +36,7 @@ from hypergrid.agreement.rollkeys import (
 from hypergrid.agreement.rollverdict import FAILURE, PROBE, Verdict, majority
 
 __all__ = [
+    "watching_enabled",
     "END",
     "FAILURE",
     "PREFIX",
@@ -348,3 +349,13 @@ def record_member(store: Any, world: int, rank: int, joined: bool, dead: int = 0
             time.sleep(CLOSING_POLL_S)
     store.append(members_key(world), f"+{rank}\n")
     return count
+
+
+def watching_enabled() -> bool:
+    """Whether ``HYPERGRID_WATCH`` allows watchers (anything but ``0``, the default on).
+
+    Examples:
+        >>> watching_enabled() in (True, False)
+        True
+    """
+    return os.environ.get("HYPERGRID_WATCH", "1") != "0"

@@ -14,7 +14,6 @@ import contextlib
 import datetime
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ from hypergrid.agreement.liveness import (
     members_key,
     record_member,
     wake_key,
+    watching_enabled,
 )
 from hypergrid.binding.alarm import Job, is_store_loss
 
@@ -48,16 +48,6 @@ LOGGER = logging.getLogger("hypergrid")
 SLICE_S = 7 * 24 * 3600.0
 #: How long past the roll call's bound a reporter waits for its watcher's verdict.
 _GRACE_S = 2.0
-
-
-def watching_enabled() -> bool:
-    """Whether ``HYPERGRID_WATCH`` allows watchers (anything but ``0``, the default on).
-
-    Examples:
-        >>> watching_enabled() in (True, False)
-        True
-    """
-    return os.environ.get("HYPERGRID_WATCH", "1") != "0"
 
 
 class Watcher:
@@ -169,21 +159,14 @@ class Watcher:
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
-    def settle(self) -> bool:
-        """Wait until the incident the thread answered has its verdict (at most the roll call's bound and a grace):
-        a rank that leaves in the middle would never count its read, and the incident's keys would stay. Whether it
-        settled."""
-        deadline = time.monotonic() + bound_s(len(self.expected), self.liveness_s) + _GRACE_S
-        while self._incident is not None and self._thread.is_alive():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
-        return True
-
     def leave(self) -> None:
-        """This rank's process ends normally: say so (it is not dead), then stop."""
+        """This rank's process ends normally: once an incident it answered has its verdict (its read counted, else
+        the incident's keys stay; at most the roll call's bound and `_GRACE_S`), say so (it is not dead), then stop."""
         if self.stopped or self.fenced:
             return
+        deadline = time.monotonic() + bound_s(len(self.expected), self.liveness_s) + _GRACE_S
+        while self._incident is not None and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
         self.stop()
         with contextlib.suppress(RuntimeError):  # the store is gone already: the job is over
             record_member(self.side, self.world, self.rank, joined=False, dead=len(self.dead))

@@ -295,7 +295,6 @@ class World:
                 watcher.depart(error)
                 watcher.join(JOIN_S)  # the call woke it: it ends on its own
             elif leave:
-                watcher.settle()  # an incident it answered ends first: its read is counted, its keys go
                 watcher.leave()
                 if self.rank == 0:  # its arrivals' wake key goes with it (a successor's, written since, stays)
                     Arrivals(self.calls.connection()).unpublish_world(self.number, self.size)

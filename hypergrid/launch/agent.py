@@ -218,10 +218,11 @@ class MinHealthyAgent(LocalElasticAgent):
             if not health.claim(outcome.rank, f"agent {self._index()}") or not outcome.failed:
                 continue  # (claimed already: the ring found this agent dead, and counted it)
             below = health.record_failure() or below
-            self._failed(outcome, below, f"{health.healthy()} of {health.workers} workers of the job healthy")
+            healthy = f"{health.healthy()} of {health.workers} workers of the job healthy, minimum {self.min_healthy}"
+            self._failed(outcome, below, healthy)
         for outcome in self.replacements.exits():  # (not counted against the minimum: the round's workers are)
             if outcome.failed:
-                self._failed(outcome, below, "a replacement")
+                self._failed(outcome, below, "a replacement, not counted against --min-healthy")
         if below:
             return "below"
         done = len(self.outcomes) == len(self._worker_group.workers) and not self.replacements.running
@@ -236,7 +237,7 @@ class MinHealthyAgent(LocalElasticAgent):
             after += f"; a replacement started in its place (pid {replaced})"
         report(
             f"worker {outcome.name} (local rank {outcome.local_rank}, pid {outcome.pid}) {outcome.describe()}; "
-            f"{health}, minimum {self.min_healthy}{after}"
+            f"{health}{after}"
         )
 
     def _client(self) -> Any:
