@@ -33,7 +33,6 @@ from typing import Any
 
 from hypergrid.agreement import diagnosis
 from hypergrid.agreement.liveness import FAILURE, Incident
-from hypergrid.agreement.rollkeys import done_key, incident_prefix
 
 __all__ = ["BEAT_S", "RELEASE", "Arrivals", "Heartbeat", "absent", "wake"]
 
@@ -105,14 +104,17 @@ class Arrivals:
 
     def waiting(self, digest: str) -> list[int]:
         """The arrivals not taken yet whose grid has this origin ``digest`` (others are refused: `refuse`)."""
-        count = int(diagnosis.read(self.store, self.key("count")) or 0)  # (read, never written: no key left behind)
-        taken = int(diagnosis.read(self.store, self.key("taken")) or 0)
         found = []
-        for arrival in range(taken, count):
+        for arrival in self._pending():
             info = diagnosis.read(self.store, self.key("info", arrival))
             if info is not None and json.loads(info).get("digest") == digest:
                 found.append(arrival)
         return found
+
+    def _pending(self) -> range:
+        """The arrivals registered and not taken (two reads, never a write: a job without arrivals keeps no key)."""
+        count = int(diagnosis.read(self.store, self.key("count")) or 0)
+        return range(int(diagnosis.read(self.store, self.key("taken")) or 0), count)
 
     def info(self, arrival: int) -> dict[str, Any]:
         """What the arrival said of itself (its pid, host, launcher rank)."""
@@ -145,10 +147,8 @@ class Arrivals:
     def close(self) -> list[int]:
         """The job ends: every arrival still waiting is released (its ``arrive`` returns None); those released."""
         self.store.set(self.key("closed"), "")
-        count = int(self.store.add(self.key("count"), 0))
-        taken = int(diagnosis.read(self.store, self.key("taken")) or 0)
         released = []
-        for arrival in range(taken, count):
+        for arrival in self._pending():
             if self.store.compare_set(self.key("draft", arrival), "", RELEASE) == RELEASE.encode():
                 released.append(arrival)
         return released
@@ -207,8 +207,6 @@ def wake(store: Any, world: int, size: int, text: str) -> bool:
     """Call a roll call in world ``world`` (of ``size`` ranks) whose verdict fails it with nobody dead: every
     rank's grid waits end with ``RankFailure`` and its ``shrink`` takes the arrivals in. Whether the call was ours
     (False: another incident is open; the caller tries again)."""
-    done = diagnosis.read(store, done_key(world))
-    number = 0 if done is None else int(done) + 1
-    incident = Incident(store, incident_prefix(world, number), -1, ())
+    incident = Incident.next_of(store, world)
     mine = f"{FAILURE} {text}"
     return incident.call(FAILURE, text, range(size)) == mine

@@ -36,7 +36,6 @@ from hypergrid.agreement.rollkeys import (
 from hypergrid.agreement.rollverdict import FAILURE, PROBE, Verdict, majority
 
 __all__ = [
-    "watching_enabled",
     "END",
     "FAILURE",
     "PREFIX",
@@ -53,6 +52,7 @@ __all__ = [
     "members_key",
     "record_member",
     "wake_key",
+    "watching_enabled",
 ]
 
 #: ...at least this long per expected rank: the store serves the roll call at ~50 µs a rank.
@@ -104,6 +104,13 @@ class Incident:
         self.gone: tuple[int, ...] = ()  # expected ranks the call declares dead (a launcher's agent saw them exit)
         self.stop: Callable[[], bool] = lambda: False  # whether to give up (the watcher stopped: `interrupt`)
         self.waker: Any = None  # a second connection: ends a wait for ``I/woken`` at its deadline (`diagnosis`)
+
+    @classmethod
+    def next_of(cls, store: Any, world: int) -> Incident:
+        """The incident a caller outside world ``world`` opens (a launcher's agent, a process that arrives): the one
+        after the last that every live rank read (``done``), as no rank of the world (-1, expecting nobody)."""
+        done = diagnosis.read(store, done_key(world))
+        return cls(store, incident_prefix(world, 0 if done is None else int(done) + 1), -1, ())
 
     @property
     def world(self) -> int:

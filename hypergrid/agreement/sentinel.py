@@ -15,9 +15,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hypergrid.agreement import diagnosis
 from hypergrid.agreement.liveness import FAILURE, Incident
-from hypergrid.agreement.rollkeys import done_key, gone_text, incident_prefix
+from hypergrid.agreement.rollkeys import gone_text
 from hypergrid.launch.ledger import current_world, raw_store
 from hypergrid.values import format_ranks
 
@@ -58,10 +57,8 @@ def announce_death(store: Any, ledger: str, launcher_ranks: Sequence[int], size:
     if not gone:
         return False
     workers: Any = raw_store(store) if not prefix else dist.PrefixStore(prefix[:-1], raw_store(store))  # type: ignore[attr-defined]
-    done = diagnosis.read(workers, done_key(epoch))
-    number = 0 if done is None else int(done) + 1
     text = gone_text(gone, f"rank{'s' if len(gone) > 1 else ''} {format_ranks(gone)} {said} (seen by its launcher)")
-    incident = Incident(workers, incident_prefix(epoch, number), -1, ())
+    incident = Incident.next_of(workers, epoch)
     if incident.call(FAILURE, text, range(len(ranks))) != f"{FAILURE} {text}":  # a roll call was open: join it
         workers.append(incident.key("gone"), "".join(f"{rank}\n" for rank in gone))  # (read by its closers)
     return True

@@ -69,6 +69,12 @@ def test_the_jobs_end_releases_a_waiting_arrival_and_refuses_a_later_one() -> No
     assert grid.arrive(30, store=store) is None and time.monotonic() - started < 5  # closed: at once
 
 
+def test_the_end_of_a_job_without_arrivals_leaves_one_key() -> None:
+    store = dist.HashStore()
+    assert Arrivals(store).close() == [] and Arrivals(store).waiting("d") == []
+    assert store.num_keys() == 1 and store.check([Arrivals.key("closed")])
+
+
 def test_only_arrivals_of_a_grid_built_the_same_way_are_waiting_for_it() -> None:
     store = dist.HashStore()
     arrivals = Arrivals(store)
