@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import multiprocessing
 import pathlib
 import selectors
@@ -78,6 +79,7 @@ from hypergrid.agreement.liveness import (
     wake_keys,
     world_keys,
 )
+from hypergrid.agreement.rollkeys import gone_of, gone_text
 from hypergrid.agreement.watcher import Watcher
 
 #: A watcher's store operations for one incident that it does not close, from the wake to waiting again, when it is
@@ -104,12 +106,20 @@ _TIMEOUT = datetime.timedelta(seconds=900)
 
 
 class _Socket:
-    """The simulated ranks of one connection: their requests, by phase, and what the answers must be."""
+    """The simulated ranks of one connection: their requests, by phase, and what the answers must be.
 
-    def __init__(self, sock: socket.socket, world: int, ranks: range, readers: int) -> None:
+    ``units``: the ranks each participant answers for (one rank each; or a node's ranks, its agent answering).
+    """
+
+    def __init__(
+        self, sock: socket.socket, world: int, units: list[range], readers: int, declared: bool = False
+    ) -> None:
         self.sock = sock
+        self.units = units
+        ranks = range(units[0][0], units[-1][-1] + 1)
         self.ranks = ranks
         self.readers = readers
+        self.complete_at = readers if declared else None  # the count that completes the roll call (the dead declared)
         prefix = incident_prefix(world, 0)
         self.prefix, self.world = prefix, world
         call = f"{prefix}/call"
@@ -117,17 +127,18 @@ class _Socket:
         self.idle = wire.check([call]) + wire.wait(self.wakes)  # (the check's answer: the server read the wait)
         self.answer = b"".join(
             wire.compare_set(call, ABSENT, ABSENT)
-            + wire.append(f"{prefix}/alive", f"{rank}\n")
-            + wire.add(f"{prefix}/count", 1)
-            for rank in ranks
+            + wire.append(f"{prefix}/alive", "".join(f"{rank}\n" for rank in unit))
+            + wire.add(f"{prefix}/count", len(unit))
+            for unit in units
         )
         verdict = f"{prefix}/verdict"
         self.conclude = [  # every rank here but rank ``readers`` is live: the first of a block has rank % 8 == 0
             wire.get(verdict)
-            + wire.add(f"{prefix}/read", 1)
-            + (wire.delete_key(wake_key(world, 0, rank)) if rank % WAKE_BLOCK == 0 else b"")
-            for rank in ranks
+            + wire.add(f"{prefix}/read", len(unit))
+            + b"".join(wire.delete_key(wake_key(world, 0, rank)) for rank in unit if rank % WAKE_BLOCK == 0)
+            for unit in units
         ]
+        self.deletes = [sum(1 for rank in unit if rank % WAKE_BLOCK == 0) for unit in units]
         self.woken = self.woken_at = self.answered = 0.0
         self.heard = 0.0
         self.orders: list[int] = []
@@ -150,22 +161,23 @@ class _Socket:
         yield b"", wire.FLAG  # the wake (the caller's multi_set)
         self.woken, self.woken_at = time.monotonic(), time.time()
         per = wire.INT + call_size + wire.INT  # the call, the count
-        data = yield self.answer, len(self.ranks) * per
+        data = yield self.answer, len(self.units) * per
         self.answered = time.time()
         self.orders = [struct.unpack_from("<q", data, at + per - wire.INT)[0] for at in range(0, len(data), per)]
-        waiting = [index for index, order in enumerate(self.orders) if order > 2]
-        self.closing = [index for index, order in enumerate(self.orders) if order <= 2]
+        firsts = [order - len(unit) + 1 for order, unit in zip(self.orders, self.units)]  # its first answer's place
+        waiting = [index for index, first in enumerate(firsts) if first > 2]
+        complete = [self.complete_at is not None and order >= self.complete_at for order in self.orders]
+        self.closing = [index for index, first in enumerate(firsts) if first <= 2 or complete[index]]
+        waiting = [index for index in waiting if not complete[index]]  # (its real close publishes at once)
         if not waiting:
             return
         yield wire.wait([f"{self.prefix}/verdict"]), wire.FLAG
         conclude = b"".join(self.conclude[index] for index in waiting)
-        conclude += wire.wait(wake_keys(self.world, 1, [self.ranks[index] for index in waiting]))  # idle again
+        conclude += wire.wait(wake_keys(self.world, 1, [self.units[index][0] for index in waiting]))  # idle again
         head = yield conclude, wire.INT  # the verdict's length
         size = struct.unpack_from("<Q", head)[0]
-        # Per rank: the verdict (its length, then it), the count of reads; the first of a block: its delete's answer
-        sizes = [
-            wire.INT + size + wire.INT + (wire.INT if self.ranks[index] % WAKE_BLOCK == 0 else 0) for index in waiting
-        ]
+        # Per participant: the verdict (its length, then it), the count of reads; each first of a block: its delete's
+        sizes = [wire.INT + size + wire.INT + wire.INT * self.deletes[index] for index in waiting]
         data = head + (yield b"", sum(sizes) - len(head))
         self.heard = time.time()
         at = 0
@@ -186,9 +198,12 @@ def _close(port: int, one: _Socket, index: int, call: str, results: list[Any], s
     the connect (and this process's CPU share) in the closers' bound.
     """
     store = CountingStore(spare.pop() if spare else TCPStore("127.0.0.1", port, is_master=False, timeout=_TIMEOUT))
-    size = one.readers + 1
-    incident = Incident(store, one.prefix, one.ranks[index], range(size))
+    size, unit = one.readers + 1, one.units[index]
+    incident = Incident(store, one.prefix, unit[0], range(size), ranks=unit)
     incident._order = one.orders[index]  # what its answer (pipelined) returned
+    incident._first = incident._order - len(unit) + 1
+    incident.gone = tuple(rank for rank in gone_of(call) if rank not in unit)
+    incident._complete = incident._order >= size - len(incident.gone)
     verdict = incident.close(call, one.woken)
     closed = time.time()
     if verdict is not None:
@@ -197,13 +212,15 @@ def _close(port: int, one: _Socket, index: int, call: str, results: list[Any], s
     results.append((time.time(), None if verdict is None else verdict.encode().encode(), store.ops, closed))
 
 
-def drive(port: int, world: int, ranks: range, connections: int, readers: int, call: str, queue: Any) -> None:
-    """One process: ``ranks`` over ``connections`` sockets, idle, then the incident; its figures to ``queue``."""
+def drive(port: int, world: int, units: list[range], connections: int, readers: int, call: str, queue: Any) -> None:
+    """One process: the participants answering for ``units`` over ``connections`` sockets, idle, then the
+    incident; its figures to ``queue``."""
     try:
-        per = -(-len(ranks) // connections)
-        starts = range(0, len(ranks), per)
+        per = -(-len(units) // connections)
+        starts = range(0, len(units), per)
         links = wire.connect(port, len(starts))
-        sockets = [_Socket(link, world, ranks[at : at + per], readers) for link, at in zip(links, starts)]
+        declared = bool(gone_of(call))
+        sockets = [_Socket(link, world, units[at : at + per], readers, declared) for link, at in zip(links, starts)]
         for one in sockets:
             one.go_idle()
             one.sock.settimeout(600.0)
@@ -260,8 +277,32 @@ def drive(port: int, world: int, ranks: range, connections: int, readers: int, c
         queue.put(("error", repr(error)))
 
 
-def roll_call(server: Any, participants: int, processes: int, connections: int, world: int) -> dict[str, Any]:
-    """One roll call of ``participants`` live ranks (and one dead) on ``server``; its figures."""
+def units_of(ranks: range, per_node: int) -> list[range]:
+    """``ranks`` cut where a node of ``per_node`` ranks ends (rank // per_node): what each participant answers for.
+
+    Examples:
+        >>> units_of(range(1, 20), 8)
+        [range(1, 8), range(8, 16), range(16, 20)]
+    """
+    cuts = [rank for rank in ranks if rank % per_node == 0 and rank != ranks[0]]
+    edges = [ranks[0], *cuts, ranks[-1] + 1]
+    return [range(start, end) for start, end in itertools.pairwise(edges)]
+
+
+def roll_call(
+    server: Any,
+    participants: int,
+    processes: int,
+    connections: int,
+    world: int,
+    per_node: int = 1,
+    declared: bool = False,
+) -> dict[str, Any]:
+    """One roll call of ``participants`` live ranks (and one dead) on ``server``; its figures. ``per_node``: each
+    node's agent answers for its ranks (`hypergrid.agreement.nodewatch`), one participant per node; 1: every rank
+    answers itself. Rank 0 answers itself either way (the real watcher). ``declared``: the call declares the dead
+    rank gone, as a launcher's agent that saw it exit does (the roll call is complete at the last live answer)."""
+    text = gone_text([participants], TEXT) if declared else TEXT
     size = participants + 1  # rank ``participants`` is dead
     port = server.port
 
@@ -273,15 +314,15 @@ def roll_call(server: Any, participants: int, processes: int, connections: int, 
     server.set(members_key(world), "".join(f"+{rank}\n" for rank in range(1, size)))
     server.add(f"{members_key(world)}-count", size - 1)
     watchers = [Watcher(connection(), connection(), world, 0, size).start()]  # the reporter
-    simulated = range(1, participants)
+    units = units_of(range(1, participants), per_node)
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     workers = []
     for index in range(processes):
-        mine = simulated[index * len(simulated) // processes : (index + 1) * len(simulated) // processes]
+        mine = units[index * len(units) // processes : (index + 1) * len(units) // processes]
         sockets = max(1, min(len(mine), connections // processes))
         workers.append(
-            context.Process(target=drive, args=(port, world, mine, sockets, participants, f"{FAILURE} {TEXT}", queue))
+            context.Process(target=drive, args=(port, world, mine, sockets, participants, f"{FAILURE} {text}", queue))
         )
     for worker in workers:
         worker.start()
@@ -293,7 +334,7 @@ def roll_call(server: Any, participants: int, processes: int, connections: int, 
     time.sleep(0.2)  # the real watchers go idle too
     before = [watcher.store.ops for watcher in watchers]
     called = time.time()
-    verdict = watchers[0].report(FAILURE, TEXT)
+    verdict = watchers[0].report(FAILURE, text)
     reported = time.time()
     results = [queue.get(timeout=600) for _ in workers]
     for worker in workers:
@@ -308,7 +349,12 @@ def roll_call(server: Any, participants: int, processes: int, connections: int, 
     ]
     for watcher in watchers:
         watcher.halt(watcher.side, 10.0)
-    expected = Verdict(FAILURE, (participants,), TEXT, readers=participants).encode()
+    expected = Verdict(FAILURE, (participants,), TEXT, readers=None if declared else participants).encode()
+    if declared:  # the completing answer's verdict, or a closer's (its roster read first: the readers counted)
+        seen_readers = {Verdict.decode(text.encode()).readers for f in figures for text in f["verdicts"]}
+        expected = Verdict(
+            FAILURE, (participants,), TEXT, readers=seen_readers.pop() if seen_readers else None
+        ).encode()
     seen = {v for f in figures for v in f["verdicts"]} | {w.verdicts[0].encode() for w in watchers if 0 in w.verdicts}
     named = {rank for text in seen for rank in Verdict.decode(text.encode()).dead}
     live_named_dead = len(named - {participants})  # a false death: a live rank fenced (must be 0)
@@ -325,6 +371,9 @@ def roll_call(server: Any, participants: int, processes: int, connections: int, 
         )
     return {
         "participants": participants,
+        "per_node": per_node,
+        "declared": declared,
+        "answering": len(units) + 1,  # (rank 0, the real watcher, answers for itself)
         "seconds": max([reported, *(f["heard"] for f in figures)]) - called,
         "closer_seconds": reported - called,
         "woken_seconds": max(f["woken"] for f in figures) - called,
@@ -333,25 +382,33 @@ def roll_call(server: Any, participants: int, processes: int, connections: int, 
         "closed_seconds": [round(c - called, 3) for f in figures for c in f["closed"]],
         "sockets": sockets + 1,
         "processes": processes,
-        "store_ops_simulated_rank": len(SCRIPT),  # the first of a wake block; the others one fewer
-        "store_ops_simulated_rank_mean": len(SCRIPT) - 1 + 1 / WAKE_BLOCK,
+        "store_ops_simulated_rank": len(SCRIPT),  # a participant's; the first of a wake block; the others one fewer
+        "store_ops_simulated_rank_mean": (len(SCRIPT) - 1 + 1 / WAKE_BLOCK) / per_node,
         "store_ops_closers": ops,
         "live_named_dead": live_named_dead,
         "first_simulated_order": min(f["first_order"] for f in figures),
     }
 
 
-def run(sizes: list[int], processes: int, connections: int, repeats: int) -> list[dict[str, Any]]:
-    """Every size, ``repeats`` times, on one store server; a row per size with the median time."""
+def run(
+    sizes: list[int],
+    processes: int,
+    connections: int,
+    repeats: int,
+    per_node: list[int] | None = None,
+    declared: bool = False,
+) -> list[dict[str, Any]]:
+    """Every size and ranks per answerer (``per_node``, default [1]), ``repeats`` times each, alternating, on one
+    store server; a row per size and ``per_node`` with the median time."""
     server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=_TIMEOUT)
     baseline = server.num_keys()
     rows = []
     world = 1000
-    for size in sizes:
+    for size, node in [(size, node) for size in sizes for node in per_node or [1]]:
         samples = []
         for repeat in range(repeats):
             world += 1
-            sample = roll_call(server, size, processes, connections, world)
+            sample = roll_call(server, size, processes, connections, world, node, declared)
             if not server.check([done_key(world)]):  # the world's keys: its ranks' last leaver deletes them
                 raise RuntimeError(f"the roll call of {size} did not write its world's {done_key(world)}")
             for key in world_keys(world):
@@ -360,7 +417,7 @@ def run(sizes: list[int], processes: int, connections: int, repeats: int) -> lis
             if left:
                 named = sorted(server.list_keys())[:20]
                 raise RuntimeError(f"the roll call of {size} left {left} keys in the store, e.g. {named}")
-            progress(f"# roll call {size:>7} participants, {repeat + 1}: {sample['seconds']:.3f} s")
+            progress(f"# roll call {size:>7} ranks, {node} a participant, {repeat + 1}: {sample['seconds']:.3f} s")
             samples.append(sample)
         row = dict(samples[0])
         row["seconds"] = median([sample["seconds"] for sample in samples])
@@ -380,19 +437,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=4, help="simulating processes (default 4)")
     parser.add_argument("--connections", type=int, default=256, help="sockets in all (default 256)")
     parser.add_argument("--repeats", type=int, default=3, help="roll calls per size (default 3)")
+    parser.add_argument(
+        "--per-node",
+        default="1",
+        help="comma-separated ranks a participant answers for: 1, every rank its own watcher; 8, a node's agent "
+        "answering for its 8 workers (hypergrid.run's default). Default: 1",
+    )
+    parser.add_argument(
+        "--declared", action="store_true", help="the call declares the dead rank gone (as hypergrid.run's agent does)"
+    )
     parser.add_argument("--json", type=pathlib.Path, help='write {"rows": [...]} here')
     args = parser.parse_args(argv)
     sizes = [int(size) for size in args.participants.split(",") if size]
-    rows = run(sizes, args.processes, args.connections, args.repeats)
-    print(
-        f"{'participants':>12} {'sockets':>8} {'seconds':>8} {'closer s':>8} {'ops/rank':>8} {'ops, closers':>12}"
-        f" {'live named dead':>15}"
+    nodes = [int(node) for node in args.per_node.split(",") if node]
+    if not nodes or min(nodes) < 1:
+        parser.error(f"--per-node: {args.per_node!r}; expected ranks per participant, 1 or more")
+    rows = run(sizes, args.processes, args.connections, args.repeats, nodes, args.declared)
+    head = (
+        "ranks",
+        "per node",
+        "answering",
+        "sockets",
+        "seconds",
+        "closer s",
+        "ops/rank",
+        "ops, closers",
+        "named dead",
     )
+    print(" ".join(f"{name:>12}" for name in head))
     for row in rows:
-        print(
-            f"{row['participants']:>12} {row['sockets']:>8} {row['seconds']:>8.3f} {row['closer_seconds']:>8.3f} "
-            f"{row['store_ops_simulated_rank']:>8} {row['store_ops_closers']!s:>12} {row['live_named_dead']:>15}"
-        )
+        cells = [row["participants"], row["per_node"], row["answering"], row["sockets"], f"{row['seconds']:.3f}"]
+        cells += [f"{row['closer_seconds']:.3f}", f"{row['store_ops_simulated_rank_mean']:.2f}"]
+        cells += [row["store_ops_closers"], row["live_named_dead"]]
+        print(" ".join(f"{cell!s:>12}" for cell in cells))
     if args.json:
         write_json(args.json, rows)
     return 0

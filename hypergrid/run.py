@@ -9,13 +9,15 @@ import logging
 import os
 import sys
 
+from hypergrid.agreement.nodewatch import NodeWatch
 from hypergrid.agreement.sentinel import announce_death
 from hypergrid.launch.launcher import main
 
 __all__ = ["main"]
 
 if __name__ == "__main__":
-    code = main(on_death=announce_death)  # a worker's death: the survivors' roll call, at once
+    # a worker's death: the survivors' roll call, at once; the node's agent answers it for its workers
+    code = main(on_death=announce_death, node_watch=lambda *args: NodeWatch(*args[:3], report=args[3]))
     # Exit without the interpreter's teardown: an agent that gave up waiting (a barrier timeout, a
     # signal) may leave its watcher thread blocked in a store wait, and a connection that dies during
     # teardown makes that C++ call abort the process, losing the exit code.

@@ -48,6 +48,7 @@ __all__ = [
     "end_text",
     "ended_key",
     "incident_prefix",
+    "left_behind",
     "majority",
     "members_key",
     "record_member",
@@ -92,15 +93,21 @@ class Incident:
         prefix: `incident_prefix` of the world and incident number, equal on every rank.
         rank: this rank.
         expected: the world's ranks not found dead by an earlier incident (sorted).
+        ranks: the ranks this side answers and reads for (default: ``rank`` alone): a node's agent answers for its
+            workers with one request of each kind (`hypergrid.agreement.nodewatch`); every count stays one per rank.
     """
 
-    def __init__(self, store: Any, prefix: str, rank: int, expected: Sequence[int]) -> None:
+    def __init__(
+        self, store: Any, prefix: str, rank: int, expected: Sequence[int], ranks: Sequence[int] | None = None
+    ) -> None:
         self.store = store
         self.prefix = prefix
         self.rank = rank
         self.expected = expected
+        self.ranks: tuple[int, ...] = (rank,) if ranks is None else tuple(sorted(ranks))
         self._complete = False
-        self._order = 0  # this rank's place among the answers
+        self._order = 0  # the place of this side's last answer among the answers (0: it answered none)
+        self._first = 0  # ...and of its first
         self.gone: tuple[int, ...] = ()  # expected ranks the call declares dead (a launcher's agent saw them exit)
         self.stop: Callable[[], bool] = lambda: False  # whether to give up (the watcher stopped: `interrupt`)
         self.waker: Any = None  # a second connection: ends a wait for ``I/woken`` at its deadline (`diagnosis`)
@@ -155,12 +162,12 @@ class Incident:
         unanswered.
         """
         data = diagnosis.read(self.store, self.key("call"))
-        if data is not None and not data.startswith(END.encode()):  # an end is not a roll call (`end_text`)
-            self.store.append(self.key("alive"), f"{self.rank}\n")
-            self._order = self.store.add(self.key("count"), 1)
-            self.gone = tuple(
-                sorted({rank for rank in gone_of(data.decode()) if self._expects(rank) and rank != self.rank})
-            )
+        if data is not None and not data.startswith(END.encode()) and self.ranks:  # an end is no roll call (`end_text`)
+            self.store.append(self.key("alive"), "".join(f"{rank}\n" for rank in self.ranks))
+            self._order = self.store.add(self.key("count"), len(self.ranks))
+            self._first = self._order - len(self.ranks) + 1
+            mine = set(self.ranks)
+            self.gone = tuple(sorted({rank for rank in gone_of(data.decode()) if self._expects(rank)} - mine))
             self._complete = self._order >= len(self.expected) - len(self.gone) and self._majority_without_gone()
         return None if data is None else data.decode()
 
@@ -177,7 +184,7 @@ class Incident:
         if self._complete:  # published after the wake's end (`wake_key`), which every answer needed anyway
             diagnosis.wait_for(self.store, self.key("woken"), fallback, self.stop, self.waker)
             return None if self.stop() else self._publish(Verdict(kind, self.gone, said_of(text)))
-        if self._order > 2:
+        if self._first > 2 or not self._order:
             until = fallback + BACKUP_S
         elif diagnosis.wait_for(self.store, self.key("woken"), fallback, self.stop, self.waker):
             until = self._settle(seen, fallback, bound_s(0, liveness_s))  # (the bound alone: no per-rank part)
@@ -268,9 +275,10 @@ class Incident:
         ``time.monotonic()``: a caller that died while it woke the others). N / 8 deletes on one rank, once per world.
         """
         dead, readers = json.loads(call[len(END) :])[:2]
-        if self.rank in dead:
+        reading = [rank for rank in self.ranks if rank not in dead]
+        if not reading:
             return tuple(dead)
-        if self.store.add(self.key("read"), 1) >= readers:
+        if self.store.add(self.key("read"), len(reading)) >= readers:
             diagnosis.wait_for(self.store, self.key("woken"), deadline)
             keys = [self.key(name) for name in ("call", "woken", "read")] + world_keys(self.world)
             for key in keys + wake_keys(self.world, self.number, self.expected):
@@ -283,12 +291,14 @@ class Incident:
         The readers are the ranks that answered in time: a rank declared dead, or absent (its answer came after
         the roster was read), takes no part in the clean-up (the others may be done already).
         """
-        if self.rank in verdict.dead or self.rank in verdict.absent or not self._order:
+        reading = [rank for rank in self.ranks if rank not in verdict.dead and rank not in verdict.absent]
+        if not reading or not self._order:
             return
         readers = len(self.expected) - len(verdict.dead) if verdict.readers is None else verdict.readers
-        last = self.store.add(self.key("read"), 1) >= readers
-        if self._first_of_block(verdict):
-            self.store.delete_key(wake_key(self.world, self.number, self.rank))  # after I/woken, as the verdict
+        last = self.store.add(self.key("read"), len(reading)) >= readers
+        for rank in reading:
+            if self._first_of_block(verdict, rank):  # after I/woken, as the verdict
+                self.store.delete_key(wake_key(self.world, self.number, rank))
         if last:
             # First: a rank woken without a call (its block's key, written for this incident) finds it over
             self.store.set(done_key(self.world), str(self.number))
@@ -297,10 +307,10 @@ class Incident:
             for key in wake_keys(self.world, self.number, (*verdict.dead, *verdict.absent)):  # (maybe no reader)
                 self.store.delete_key(key)
 
-    def _first_of_block(self, verdict: Verdict) -> bool:
-        """Whether no lower rank of this rank's wake block reads ``verdict``: one of a minority's ``alive``, else
+    def _first_of_block(self, verdict: Verdict, rank: int) -> bool:
+        """Whether no lower rank of ``rank``'s wake block reads ``verdict``: one of a minority's ``alive``, else
         expected (sorted: a binary search, O(`WAKE_BLOCK` log N)) and not dead."""
-        lower = range(self.rank - self.rank % WAKE_BLOCK, self.rank)
+        lower = range(rank - rank % WAKE_BLOCK, rank)
         if verdict.kind == "minority":
             return not set(lower) & set(verdict.alive)
         dead = {*verdict.dead, *verdict.absent}
@@ -356,6 +366,16 @@ def record_member(store: Any, world: int, rank: int, joined: bool, dead: int = 0
             time.sleep(CLOSING_POLL_S)
     store.append(members_key(world), f"+{rank}\n")
     return count
+
+
+def left_behind(store: Any, world: int, rank: int, joined: bool) -> bool:
+    """Whether world ``world`` went on without ``rank``: its end's record names it (`ended_key`), or its watch is
+    gone although the rank ``joined`` it and never left (`members_key`: deleted once the world ended, or once every
+    live member left, so it was named dead). One read, one check."""
+    data = diagnosis.read(store, ended_key(world))
+    if data is not None and rank in json.loads(data):
+        return True
+    return joined and not store.check([members_key(world)])
 
 
 def watching_enabled() -> bool:

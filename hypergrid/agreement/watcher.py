@@ -2,10 +2,10 @@
 
 `Watcher` waits on its block's wake key (`hypergrid.agreement.liveness.wake_key`) on a store connection of its
 own; `Watcher.side` serves short calls from other threads. When any rank calls an incident, it answers, reads the
-verdict and acts on it: a failure (or a probe that found dead ranks) runs `Watcher.on_failure`'s callbacks (the
-alarm sounds) and `Watcher.on_dead`'s (``shrink``'s attempts); its own rank dead, on the minority side, or left
-behind fences the rank (``on_fence``). `Watcher.report` opens an incident and returns its verdict.
-docs/design/rollcall.md ("A watcher's life").
+verdict and acts on it (under ``hypergrid.run`` the node's agent answers and reads: `hypergrid.agreement.relay`):
+a failure (or a probe that found dead ranks) runs `Watcher.on_failure`'s callbacks (the alarm sounds) and
+`Watcher.on_dead`'s (``shrink``'s attempts); its own rank dead, on the minority side, or left behind fences the
+rank (``on_fence``). `Watcher.report` opens an incident and returns its verdict. docs/design/rollcall.md.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from hypergrid.agreement.liveness import (
     end_text,
     ended_key,
     incident_prefix,
-    members_key,
+    left_behind,
     record_member,
     wake_key,
     watching_enabled,
 )
+from hypergrid.agreement.relay import Relay
 from hypergrid.binding.alarm import Job, is_store_loss
 
 __all__ = ["Verdict", "Watcher", "watching_enabled"]
@@ -63,6 +64,8 @@ class Watcher:
         job: the job the world belongs to (a store loss the thread meets is the job's).
         first: the incident to wait on first (a rank that joins a watched world: the one after its ``done``).
         liveness_s: how long live ranks have to answer (default: ``HYPERGRID_LIVENESS_S``, 0.5 s).
+        relay: the line from the node's agent that answers for this rank (`hypergrid.agreement.relay`): the thread
+            reads its roll calls' verdicts there instead of answering on the store (None: it answers itself).
     """
 
     def __init__(
@@ -77,11 +80,11 @@ class Watcher:
         job: Job | None = None,
         first: int = 0,
         liveness_s: float | None = None,
+        relay: Relay | None = None,
     ) -> None:
-        self.store = store
-        self.side = side
-        self.world = world
-        self.rank = rank
+        self.relay = relay
+        self.store, self.side = store, side
+        self.world, self.rank = world, rank
         self.expected: list[int] = list(range(size))
         self.dead: list[int] = []
         self.liveness_s = liveness_s
@@ -109,7 +112,10 @@ class Watcher:
 
     def start(self) -> Watcher:
         """Start the thread, then list this rank in the world's watch (`record_member`): from now on a roll call
-        that it does not answer names it dead (before, it is *late*)."""
+        that it does not answer names it dead (before, it is *late*). With a relay, the agent answers for it from
+        before that listing on (where the agent does not acknowledge in time, the watcher answers itself)."""
+        if self.relay is not None:
+            self.number, self.relay = self.relay.attach(self.number)
         self._thread.start()
         record_member(self.side, self.world, self.rank, joined=True)
         self.joined = True  # (from now on the world's watch lists it: its absence means the world ended)
@@ -117,7 +123,10 @@ class Watcher:
         with self._changed:  # (it called this rank absent): the thread moves past it
             if done is not None and int(done) >= self.number and self._answered < 0:
                 stale, self.number = self.number, int(done) + 1
-                diagnosis.read(self.side, wake_key(self.world, stale, self.rank))  # wakes it where it waits
+                if self.relay is not None:
+                    self.relay.catch_up(self.number)  # (the agent's thread waits there)
+                else:
+                    diagnosis.read(self.side, wake_key(self.world, stale, self.rank))  # wakes it where it waits
         return self
 
     def stop(self) -> str:
@@ -125,6 +134,8 @@ class Watcher:
         with self._changed:  # (`_handle` moves to the next incident under it: the thread waits on this key, or stops)
             self.stopped = True
             self._changed.notify_all()
+            if self.relay is not None:
+                self.relay.close()  # (the agent answers for it no more)
             return wake_key(self.world, self.number, self.rank)
 
     def halt(self, store: Any, timeout_s: float) -> bool:
@@ -152,6 +163,8 @@ class Watcher:
         with self._changed:
             self.store = self.side = None
             self._callbacks, self._on_dead = [], []
+        if self.relay is not None:
+            self.relay.release()
 
     def join(self, timeout_s: float) -> bool:
         """Wait until the (stopped) thread ended; whether it did within ``timeout_s`` (a thread whose store wait ends
@@ -166,7 +179,7 @@ class Watcher:
             return
         deadline = time.monotonic() + bound_s(len(self.expected), self.liveness_s) + _GRACE_S
         while self._incident is not None and self._thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.005)
+            time.sleep(0.005)  # (with a relay, none: the agent reads for this rank)
         self.stop()
         with contextlib.suppress(RuntimeError):  # the store is gone already: the job is over
             record_member(self.side, self.world, self.rank, joined=False, dead=len(self.dead))
@@ -180,29 +193,12 @@ class Watcher:
         record of a world's end").
         """
         text = end_text(dead, size, self.rank)
-        if dead:  # written before the end: a rank it names finds it even once the end's call is deleted
-            with contextlib.suppress(RuntimeError):
+        with contextlib.suppress(RuntimeError):  # (the store is gone)
+            if dead:  # written before the end: a rank it names finds it even once the end's call is deleted
                 self.side.compare_set(ended_key(self.world), "", json.dumps(sorted(dead)))
-        while True:
-            with self._changed:
-                if self.stopped or self.fenced:
+            while (called := self._call(END.strip(), text[len(END) :])) is not None and not called[1].startswith(END):
+                if self._await(called[0]) is None:  # a probe holds this incident: its verdict, then the next
                     return
-                number = self.number
-                current = b""
-                if self._answered < number:  # (as in `report`: never into an incident the others finished)
-                    try:
-                        current = (
-                            Incident(self.side, incident_prefix(self.world, number), self.rank, ())
-                            .call(END.strip(), text[len(END) :], self.expected)
-                            .encode()
-                        )
-                    except RuntimeError:  # the store is gone
-                        return
-            if current.startswith(END.encode()):
-                return
-            deadline = time.monotonic() + bound_s(len(self.expected), self.liveness_s) + _GRACE_S
-            if self._await(number, deadline) is None:  # a probe holds this incident: its verdict, then the next
-                return
 
     def on_failure(self, callback: Callable[[Verdict], None]) -> None:
         """Run ``callback(verdict)`` (on the watcher's thread) when the world fails; at once if it already did."""
@@ -227,16 +223,18 @@ class Watcher:
 
     # -- the thread --------------------------------------------------------------
 
+    def _may_call(self, number: int) -> bool:
+        """Whether incident ``number`` is not over (a call never goes into one the others finished and deleted): one
+        this watcher has not answered cannot be; with a relay (the agent answers), ``done`` says (one read)."""
+        incident = Incident(self.side, incident_prefix(self.world, number), self.rank, ())
+        return self._answered < number if self.relay is None else not incident.over()
+
     def _run(self) -> None:
         try:
-            while not self.stopped:
-                wake = wake_key(self.world, self.number, self.rank)  # (set by a call written before the wait: kept)
-                if not self._sleep(wake):
-                    continue
-                if self.stopped:  # a close's wake (`halt`), or this rank's own call (`depart`: it is dead)
-                    break
-                if not self._handle(incident_prefix(self.world, self.number)):
-                    break
+            if self.relay is not None:
+                self.relay.follow(lambda: self.number, self._apply, self._ended, self._fence)
+            while not self.stopped and self.relay is None and self._answer_next():
+                continue
         except RuntimeError as error:  # the store is gone: the job is over (or this rank is cut off)
             if self.stopped:
                 return
@@ -245,12 +243,13 @@ class Watcher:
             else:  # never expected, so said aloud: its rank no longer answers roll calls, the others find it dead
                 LOGGER.warning("hypergrid watcher of world %s rank %s stops on %r", self.world, self.rank, error)
 
-    def _sleep(self, wake: str) -> bool:
-        """One blocking wait on the wake key: False where the slice ended first (any other error ends the thread)."""
-        with contextlib.suppress(dist.DistStoreError):
-            self.store.wait([wake], datetime.timedelta(seconds=SLICE_S))
-            return True
-        return False
+    def _answer_next(self) -> bool:
+        """One blocking wait on the wake key (set by a call written before the wait: kept), then the incident; False
+        once the thread ends: a close's wake (`halt`), this rank's own call (`depart`: it is dead), or `_handle`."""
+        with contextlib.suppress(dist.DistStoreError):  # (the slice ended first: it waits again)
+            self.store.wait([wake_key(self.world, self.number, self.rank)], datetime.timedelta(seconds=SLICE_S))
+            return not self.stopped and self._handle(incident_prefix(self.world, self.number))
+        return True
 
     def _left_behind(self, store: Any) -> bool:
         """Whether the others went on without this rank: the world's end names it (`ended_key`), or the world's
@@ -258,9 +257,7 @@ class Watcher:
         member left; this rank never left, so it was named dead). It fences it then. One read, one check."""
         if self.end_dead is not None:  # it read the world's end: it knows whether the end left it behind
             return self.fenced
-        data = diagnosis.read(store, ended_key(self.world))
-        named = data is not None and self.rank in json.loads(data)
-        if not named and not (self.joined and not store.check([members_key(self.world)])):
+        if not left_behind(store, self.world, self.rank, self.joined):
             return False
         self._fence(f"world {self.world} ended without this rank (the others shrank while it was stopped or cut off)")
         return True
@@ -273,17 +270,8 @@ class Watcher:
     def depart(self, text: str) -> None:
         """This rank's process ends on an error: stop answering, then call a roll call that finds it gone (the
         others' waits end with ``RankFailure`` naming it, instead of waiting for it)."""
-        with self._changed:
-            if self.stopped or self.fenced:
-                return
-            self.stopped = True
-            number = self.number
-            called = self._answered < number
-        if called:
-            with contextlib.suppress(RuntimeError):  # the store is gone already
-                Incident(self.side, incident_prefix(self.world, number), self.rank, ()).call(
-                    FAILURE, f"rank {self.rank} exited on an error: {text}", self.expected
-                )
+        with contextlib.suppress(RuntimeError):  # the store is gone already
+            self._call(FAILURE, f"rank {self.rank} exited on an error: {text}", depart=True)
 
     def _handle(self, prefix: str) -> bool:
         """Answer one incident and act on its verdict; False once this rank is out (fenced) or the world ended."""
@@ -301,14 +289,9 @@ class Watcher:
         with self._changed:  # from here on a report joins this incident or calls the next (it answered)
             self._answered = self.number
             self._incident = incident
-        if call.startswith(END):
-            with self._changed:  # (known before it counts its read: the world's keys go after the last read)
-                self.end_dead = tuple(json.loads(call[len(END) :])[0])
-            dead = incident.read_end(call, seen + bound_s(len(self.expected), self.liveness_s))
-            if self.rank in dead:
-                self._fence(f"world {self.world} ended without this rank (declared dead)")
-            else:
-                self.stop()
+        if call.startswith(END):  # (known before it counts its read: the world's keys go after the last read)
+            self._ended(tuple(json.loads(call[len(END) :])[0]))
+            incident.read_end(call, seen + bound_s(len(self.expected), self.liveness_s))
             return False
         verdict = incident.close(call, seen, self.liveness_s)
         self._incident = None
@@ -317,6 +300,19 @@ class Watcher:
                 self._fence(f"world {self.world} went on without this rank (incident {self.number} ended without it)")
             return False
         incident.conclude(verdict)
+        return self._apply(verdict)
+
+    def _ended(self, dead: tuple[int, ...]) -> None:
+        """This rank read the world's end, naming ``dead``: it is fenced (among them) or its watch stops."""
+        with self._changed:
+            self.end_dead = dead
+        if self.rank in dead:
+            self._fence(f"world {self.world} ended without this rank (declared dead)")
+        else:
+            self.stop()
+
+    def _apply(self, verdict: Verdict) -> bool:
+        """This rank read the verdict of the incident it waits on: act on it; False once the rank is out."""
         with self._changed:
             self.verdicts[self.number] = verdict
             self.verdicts.pop(self.number - 8, None)
@@ -355,26 +351,36 @@ class Watcher:
         world that ended without this rank is never called again: the rank is fenced instead."""
         if self.fenced or self.stopped or self._left_behind(self.side):
             return None
-        while True:
-            with self._changed:
-                if self.fenced or self.stopped:
-                    return None
-                number = self.number
-                # Called while the watcher has not answered it, the incident cannot be over (its end needs this
-                # rank's answer), so the call never writes into an incident the others finished and deleted.
-                if self._answered < number:
-                    Incident(self.side, incident_prefix(self.world, number), self.rank, ()).call(
-                        kind, text, self.expected
-                    )
-            deadline = time.monotonic() + bound_s(len(self.expected), self.liveness_s) + _GRACE_S
-            verdict = self._await(number, deadline)
+        while (called := self._call(kind, text)) is not None:
+            verdict = self._await(called[0])
             if verdict is None:
                 return None
             if kind == PROBE or verdict.failed:
                 with self._changed:
                     return Verdict(verdict.kind, tuple(self.dead), verdict.text)
+        return None
 
-    def _await(self, number: int, deadline: float) -> Verdict | None:
+    def _call(self, kind: str, text: str, depart: bool = False) -> tuple[int, str] | None:
+        """Call ``kind text`` into the incident the watcher waits on: its number and the call in force there (""
+        where it is over: never into an incident the others finished and deleted); None once stopped or fenced.
+        ``depart``: stop answering first (this rank's process ends: the call finds it gone)."""
+        with self._changed:
+            if self.stopped or self.fenced:
+                return None
+            if depart:
+                self.stopped = True
+                if self.relay is not None:
+                    self.relay.close()
+            number = self.number
+            if not self._may_call(number):
+                return number, ""
+            return number, Incident(self.side, incident_prefix(self.world, number), self.rank, ()).call(
+                kind, text, self.expected
+            )
+
+    def _await(self, number: int) -> Verdict | None:
+        """Incident ``number``'s verdict, once the thread read it; None past the roll call's bound and `_GRACE_S`."""
+        deadline = time.monotonic() + bound_s(len(self.expected), self.liveness_s) + _GRACE_S
         with self._changed:
             while number not in self.verdicts and not self.fenced and not self.stopped:
                 left = deadline - time.monotonic()

@@ -37,6 +37,7 @@ from hypergrid.agreement import diagnosis
 from hypergrid.agreement.arrivals import Arrivals
 from hypergrid.agreement.connections import CallStore, Within
 from hypergrid.agreement.liveness import done_key, members_key
+from hypergrid.agreement.relay import Relay
 from hypergrid.agreement.rollkeys import member_status
 from hypergrid.agreement.watcher import Verdict, Watcher, watching_enabled
 from hypergrid.binding.alarm import Alarm, Job
@@ -201,6 +202,8 @@ class World:
         with self.job.store_calls("joining the world's watch"):
             done = diagnosis.read(self.calls.connection(), done_key(self.number))
             first = 0 if done is None else int(done) + 1  # a watched world: its next incident
+            if self.number == 0 and self.rank == 0:  # under hypergrid.run: where its agents write a death's call
+                publish_liveness(self.base_store)  # (and answer for their workers: `nodewatch`)
             watcher = Watcher(
                 self._link,
                 self.calls,
@@ -210,11 +213,10 @@ class World:
                 on_fence=self.fence,
                 job=self.job,
                 first=first,
+                relay=Relay.open(self.job.node_watch(), self.number, self.rank, self.size),
             )
             self.calls.lend(watcher.thread, self._link)  # its failure's path opens no connection
             watcher.start()
-            if self.number == 0 and self.rank == 0:  # under hypergrid.run: where its agents write a death's call
-                publish_liveness(self.base_store)
             if self.rank == 0:  # where a process that arrives later wakes the ranks (`arrivals.wake`)
                 Arrivals(self.calls.connection()).publish_world(self.number, self.size)
         self.watcher = watcher

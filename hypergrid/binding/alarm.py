@@ -12,6 +12,7 @@ on, the guard's counters. Waits that are not torch works listen too (`Alarm.list
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hypergrid.errors import FencedError, HyperGridError, RankFailure, StoreLostError
+from hypergrid.launch.answerer import NODE_WATCH_ENV
 from hypergrid.values import format_ranks
 
 __all__ = ["Alarm", "Job", "News", "is_store_loss", "peer_gone", "quoted"]
@@ -98,6 +100,8 @@ class Job:
         self.lock = threading.Lock()
         self.alarms: list[Any] = []  # the alarms of the job's open worlds (a store loss sounds them all)
         self.idle_link: Any = None  # a closed world's watcher connection, for the next world to watch with
+        self._node_watch: str | None = None  # where the node's agent answers for this process (`node_watch`)
+        self._node_watch_read = False
 
     def ordinal(self, description: str, forget: int | None = None) -> int:
         """A new grid of ``description``'s ordinal (0 for the first), or hand back ``forget``, the one just given
@@ -110,6 +114,16 @@ class Job:
             number = self.ordinals.get(description, 0)
             self.ordinals[description] = number + 1
         return number
+
+    def node_watch(self) -> str | None:
+        """The directory of the launcher's agent that answers the roll call for this process (`NODE_WATCH_ENV`),
+        or None. Taken out of the environment by the first job that asks: a process this one starts (a job of its
+        own) does not inherit it."""
+        with self.lock:
+            if not self._node_watch_read:
+                self._node_watch_read = True
+                self._node_watch = os.environ.pop(NODE_WATCH_ENV, None) or None
+            return self._node_watch
 
     def lose_store(self, error: BaseException) -> None:
         """The job's store is gone (``error``: torch's): every open world's operations and waits end (its groups

@@ -20,10 +20,11 @@ from typing import Any
 import torch.distributed as dist
 
 from hypergrid.agreement.arrivals import RELEASE, Arrivals, Heartbeat, describe_arrival, wake
+from hypergrid.agreement.barrier import BarrierFailed
 from hypergrid.agreement.world import World
 from hypergrid.binding.alarm import Job
 from hypergrid.binding.facet import Facet
-from hypergrid.errors import DesyncError, InvalidArgumentError
+from hypergrid.errors import DesyncError, FencedError, InvalidArgumentError, RankFailure
 from hypergrid.grid.elastic import record
 from hypergrid.grid.intake import Intake, decode_families, origin_digest
 from hypergrid.grid.recovery import Recovery
@@ -218,7 +219,19 @@ def _join(grid: Any, store: Any, number: int, draft: dict[str, Any], snapshots: 
     if me not in plan.old_to_new:
         world.close(leave=False)
         return None
-    regrid = recovery.carry_on(plan, new, families, draft["policy"], draft["dim"], first=int(draft["number"]))
+    arrivals = Arrivals(store)
+    weighed = arrivals.considered(number)  # (by an earlier shrink that did not need it)
+    try:
+        regrid = recovery.carry_on(plan, new, families, draft["policy"], draft["dim"], first=int(draft["number"]))
+    except (BarrierFailed, RankFailure) as failed:
+        running = arrivals.running_world()  # (None once the job ended)
+        formed = running is not None and running[0] >= int(draft["number"])  # its world, or a later one, formed
+        if not formed and (weighed or not arrivals.considered(number)):  # ...or weighed it since: it went on without
+            raise
+        raise FencedError(  # the others formed the world it was drafted for (or a later one) without it
+            f"arrive: the others formed a later world without arrival {number} (it did not keep up while it "
+            f"joined: {failed}); start a new process to join again"
+        ) from failed
     if regrid.rank is None:
         return None
     record(recovery, regrid)

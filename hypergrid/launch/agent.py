@@ -25,6 +25,7 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from hypergrid.errors import InvalidArgumentError
+from hypergrid.launch.answerer import NodeAnswerer, NodeWatchFactory
 from hypergrid.launch.health import HealthRound
 from hypergrid.launch.ledger import LEDGER_ENV, agree_ledger, parse_ranks, raised, read_shrunk
 from hypergrid.launch.outcomes import WorkerOutcome, judge
@@ -50,16 +51,17 @@ class MinHealthyAgent(LocalElasticAgent):
     Args:
         spec: the worker spec (a command: ``entrypoint`` is a program, as under torchrun).
         logs_specs: where the workers' output goes (torchrun's ``--log-dir``, ``--tee``, ...).
-        min_healthy: the job-wide minimum of workers that have not failed; below
-            it the agent restarts every worker (``spec.max_restarts`` allowing) or
-            stops them and fails.
-        exit_barrier_timeout_s: how long an agent whose workers have all exited
-            waits for the other agents' workers before it exits anyway.
+        min_healthy: the job-wide minimum of workers that have not failed; below it the agent restarts every
+            worker (``spec.max_restarts`` allowing) or stops them and fails.
+        exit_barrier_timeout_s: how long an agent whose workers have all exited waits for the other agents'
+            workers before it exits anyway.
         replace_dead: how many workers it may start in place of dead ones per round (``--replace-dead``,
             ``--max-replacements``; `hypergrid.launch.replacements`); 0: none.
         on_death: ``on_death(store, ledger, ranks, world_size, said)``, run the moment a worker is seen failed,
             or another agent watched through the ring (`hypergrid.launch.ring`) is seen dead, with its workers
             (``hypergrid.agreement.sentinel.announce_death``: the survivors' roll call); never raises out.
+        node_watch: ``node_watch(connect, ledger, directory, report)``: each round's answerer of the roll call for
+            this node's workers (`hypergrid.launch.answerer`); None: each worker answers for itself.
         start_method, log_line_prefix_template, shutdown_timeout: as for ``LocalElasticAgent``.
 
     Raises:
@@ -78,6 +80,7 @@ class MinHealthyAgent(LocalElasticAgent):
         shutdown_timeout: int = 30,
         on_death: Callable[[Any, str, list[int], int, str], object] | None = None,
         replace_dead: int = 0,
+        node_watch: NodeWatchFactory | None = None,
     ) -> None:
         if not isinstance(spec.entrypoint, str):
             raise InvalidArgumentError(
@@ -103,9 +106,9 @@ class MinHealthyAgent(LocalElasticAgent):
         self.health: HealthRound | None = None
         self.ring: AgentRing | None = None  # this round's watch of the next agent (several nodes only)
         self.ledger = ""  # the round's ledger prefix (hypergrid.launch.ledger), named in the workers' environment
-        self.on_death = on_death
-        self.replace_dead = replace_dead
+        self.on_death, self.replace_dead = on_death, replace_dead
         self.replacements = Replacements(0)  # this round's workers started in place of dead ones
+        self.answerer = NodeAnswerer(node_watch, report)  # who answers the roll call for this node's workers
         self._store_client: Any = None
         self._client_lock = threading.Lock()
 
@@ -115,6 +118,7 @@ class MinHealthyAgent(LocalElasticAgent):
         with self._client_lock:
             self._store_client = None  # (a new round may have a new store)
         os.environ[LEDGER_ENV] = self.ledger
+        self.answerer.begin(self._connect, self.ledger)
         started: dict[int, Any] = super()._start_workers(worker_group)
         return started
 
@@ -244,10 +248,13 @@ class MinHealthyAgent(LocalElasticAgent):
         """A connection to the workers' store (hosted by node 0's agent), opened once per round."""
         with self._client_lock:  # (the ring's thread may ask too)
             if self._store_client is None:
-                group = self._worker_group
-                address, port = str(group.master_addr), int(cast(int, group.master_port))  # set by the rendezvous
-                self._store_client = TCPStore(address, port, is_master=False, timeout=_LEDGER_TIMEOUT)
+                self._store_client = self._connect()
             return self._store_client
+
+    def _connect(self) -> Any:
+        """A new connection to the workers' store (the rendezvous set its address)."""
+        address, port = str(self._worker_group.master_addr), int(cast(int, self._worker_group.master_port))
+        return TCPStore(address, port, is_master=False, timeout=_LEDGER_TIMEOUT)
 
     def _read_ledger(self) -> str:
         """The ledger's list of the ranks shrinks excluded, from the workers' store."""
@@ -298,6 +305,7 @@ class MinHealthyAgent(LocalElasticAgent):
     def _result(self, state: WorkerState) -> RunResult:
         self._worker_group.state = state
         self._leave_ring()
+        self.answerer.end()
         if self.health is not None:
             self.health.stop_watching()
         self._count_job()
@@ -354,6 +362,7 @@ class MinHealthyAgent(LocalElasticAgent):
         """After ``run`` ended abnormally (the launcher signalled, the agent raised): note how and who was stopped."""
         self.verdict = verdict
         self._leave_ring()
+        self.answerer.end()
         self.replacements.stop()
         if self._pcontext is not None and self._worker_group.workers and self._worker_group.store is not None:
             self._exits(stopped=True)
@@ -367,7 +376,7 @@ class MinHealthyAgent(LocalElasticAgent):
             >>> agent.outcomes = {0: WorkerOutcome(0, 0, 10, 0), 1: WorkerOutcome(1, 1, 11, -9, shrunk=True)}
             >>> agent.verdict = judge(agent.outcomes.values())[1]
             >>> agent.job_failed, agent.job_workers, agent.min_healthy, agent.restarts_used = 1, 2, 1, 0
-            >>> agent.replacements, agent.replace_dead = Replacements(0), 0
+            >>> agent.replacements, agent.replace_dead, agent.answerer = Replacements(0), 0, NodeAnswerer(None, print)
             >>> print(agent.summary())
             summary: succeeded: 1 of 2 workers finished; rank 1 died by signal SIGKILL and was shrunk away
               this node's workers (ranks 0-1):
@@ -386,5 +395,6 @@ class MinHealthyAgent(LocalElasticAgent):
             f"  job: {self.job_failed} of {self.job_workers} workers failed; --min-healthy {self.min_healthy}; "
             f"restarts used: {self.restarts_used}"
             + (f"; replacements started: {len(self.replacements.started)}" if self.replace_dead else "")
+            + self.answerer.said()
         )
         return "\n".join(lines)

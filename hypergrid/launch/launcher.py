@@ -29,6 +29,7 @@ from torch.distributed.run import config_from_args, get_args_parser, parse_min_m
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.launch import orphans
 from hypergrid.launch.agent import MinHealthyAgent, report
+from hypergrid.launch.answerer import NodeWatchFactory
 from hypergrid.launch.flags import OneLineParser, check_flags, flag_error
 from hypergrid.values import first_line
 
@@ -91,6 +92,13 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help=f"with --replace-dead: how many workers this node's agent starts in place of dead ones (per round). "
         f"Default: {DEFAULT_MAX_REPLACEMENTS}",
+    )
+    ours.add_argument(
+        "--worker-watchers",
+        "--worker_watchers",
+        action="store_true",
+        help="each worker answers the roll call for itself (a watcher thread and a store connection each), as under "
+        "torchrun; by default this node's agent answers for all of its workers; see docs/launcher.md",
     )
     return result
 
@@ -166,11 +174,13 @@ def launch(
     exit_barrier_timeout_s: float = DEFAULT_EXIT_BARRIER_TIMEOUT_S,
     on_death: Callable[[Any, str, list[int], int, str], object] | None = None,
     replace_dead: int = 0,
+    node_watch: NodeWatchFactory | None = None,
 ) -> int:
     """Run ``entrypoint args`` on this node's workers under ``MinHealthyAgent``; the exit code.
 
     ``on_death``: the agent's announcer of a worker's death (``MinHealthyAgent``'s). ``replace_dead``: how many
-    workers the agent may start in place of dead ones (`replacements_of`).
+    workers the agent may start in place of dead ones (`replacements_of`). ``node_watch``: what answers the roll
+    call for this node's workers (``MinHealthyAgent``'s).
 
     torchrun's ``launch_agent``, with our agent: the same rendezvous handler, worker spec, metrics and events. Prints
     the summary (``MinHealthyAgent.summary``) on stderr before returning.
@@ -236,6 +246,7 @@ def launch(
         shutdown_timeout=config.shutdown_timeout or 30,
         on_death=on_death,
         replace_dead=replace_dead,
+        node_watch=node_watch,
     )
     initialize_metrics(MetricsConfig(config.metrics_cfg))
     close_rendezvous, code = True, _FAILED
@@ -259,12 +270,16 @@ def launch(
 
 
 def main(
-    argv: Sequence[str] | None = None, on_death: Callable[[Any, str, list[int], int, str], object] | None = None
+    argv: Sequence[str] | None = None,
+    on_death: Callable[[Any, str, list[int], int, str], object] | None = None,
+    node_watch: NodeWatchFactory | None = None,
 ) -> int:
     """``python -m hypergrid.run [torchrun's flags] [--min-healthy N] SCRIPT [ARGS...]``; the exit code.
 
     A bad command line is one line on stderr naming the flag and its value, exit code 2. ``on_death``: what the
-    agent runs the moment a worker fails (``hypergrid.run`` passes the survivors' roll call).
+    agent runs the moment a worker fails (``hypergrid.run`` passes the survivors' roll call); ``node_watch``: what
+    answers the roll call for the node's workers (``hypergrid.run`` passes ``NodeWatch``; ``--worker-watchers``
+    leaves it out).
     """
     try:
         args = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
@@ -280,6 +295,7 @@ def main(
             exit_barrier_timeout_s=args.exit_barrier_timeout,
             on_death=on_death,
             replace_dead=replacements_of(args),
+            node_watch=None if args.worker_watchers else node_watch,
         )
     except InvalidArgumentError as error:
         print(f"error: {error}", file=sys.stderr)

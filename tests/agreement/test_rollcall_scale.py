@@ -125,6 +125,18 @@ def test_a_roll_call_of_1024_ranks_with_one_dead_in_constant_operations_per_rank
     assert row["store_ops_closers"] and max(row["store_ops_closers"]) <= CLOSER_OPS
 
 
+@pytest.mark.timeout(240)
+def test_a_roll_call_answered_by_node_agents_of_8_names_only_the_dead_rank_declared_or_not() -> None:
+    """`hypergrid.agreement.nodewatch`'s share of the store: one participant per 8 ranks (its answer, its reads and
+    its block's deletion in one request each), every count still per rank; raises unless every simulated node and
+    the real watcher read the same verdict, which names the dead rank alone."""
+    for declared in (False, True):
+        (row,) = rollcall.run([1024], processes=2, connections=64, repeats=1, per_node=[8], declared=declared)
+        assert (row["per_node"], row["answering"], row["declared"]) == (8, 1 + 1023 // 8 + 1, declared), row
+        assert row["live_named_dead"] == 0 and max(row["store_ops_closers"]) <= CLOSER_OPS
+        assert row["store_ops_simulated_rank_mean"] == pytest.approx((len(rollcall.SCRIPT) - 1 + 1 / 8) / 8)
+
+
 @pytest.mark.stress
 @pytest.mark.timeout(600)
 def test_a_roll_call_of_16384_ranks_names_only_the_dead_rank() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -153,6 +154,29 @@ def test_an_arrival_that_dies_while_it_joins_is_dropped_and_the_job_goes_on(tmp_
     assert [process.returncode for process in job.arrivals] == [3], job.stderr()
     retired = [report for report in reports if report["first_rank"] == 2 and not report["arrival"]]
     assert retired and retired[0].get("released"), reports
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(150)
+def test_an_arrival_stopped_while_it_joins_is_dropped_and_fenced_once_it_resumes(tmp_path: Path) -> None:
+    """The arrival SIGSTOPs itself inside torch's rendezvous of the new world; 8 s later the test resumes it. The
+    others dropped it (its heartbeat stood still) and went on at tp2 x dp1; resumed, it raises ``FencedError``."""
+    job = _Job(tmp_path, 4, ["--kill", "3:3:tp", "--arrival-dies", "stopped", *STEPS])
+    job.first_death(60)
+    job.arrive(3)
+    stat = Path(f"/proc/{job.arrivals[0].pid}/stat")
+    deadline = time.monotonic() + 60
+    while stat.read_text().rpartition(")")[2].split()[0] != "T":
+        assert time.monotonic() < deadline and job.arrivals[0].poll() is None, job.stderr()
+        time.sleep(0.05)
+    time.sleep(8.0)
+    job.arrivals[0].send_signal(signal.SIGCONT)
+    reports = job.wait(120)
+    _trained(reports, [2, 1])
+    arrivals = [report for report in reports if report["arrival"]]
+    assert len(arrivals) == 1, job.stderr()
+    assert arrivals[0].get("raised") == "FencedError" and "without arrival" in arrivals[0]["said"], arrivals
+    assert job.arrivals[0].returncode == 0, job.stderr()
 
 
 @pytest.mark.timeout(200)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -35,7 +36,7 @@ def _run(
     """One launcher of ``size`` workers (``node``: one node of several, under ``flags``' rendezvous)."""
     environment = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE")}
     environment.update(env, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    where = ["--standalone"] if node is None else [*flags, "--node-rank", str(node)]
+    where = ["--standalone", *flags] if node is None else [*flags, "--node-rank", str(node)]
     command = [sys.executable, "-m", "hypergrid.run", *where, "--nproc-per-node", str(size)]
     try:
         done = subprocess.run(
@@ -65,6 +66,24 @@ def test_every_survivor_hears_of_a_death_at_once_wherever_it_waits(tmp_path: pat
         assert float(seen["at"]) - killed < BOUND_S, (rank, float(seen["at"]) - killed)  # type: ignore[arg-type]
         assert seen["sum"] == survivors, (rank, seen)
         assert place != "shrink" or seen["attempts"] == 2, (rank, seen)  # the death came while the world formed
+    answered = re.search(r"roll calls the agent answered for its workers: (\d+)", err)
+    assert answered is not None and int(answered.group(1)) >= 1, err[-3000:]  # the agent answered for them
+
+
+def test_with_worker_watchers_each_worker_answers_for_itself_and_a_death_is_still_known_at_once(
+    tmp_path: pathlib.Path,
+) -> None:
+    """``--worker-watchers``: the agent answers no roll call (each worker's watcher does, as under torchrun); it
+    still calls the roll call when a worker dies, so a death in a ``create_pg`` is known as fast."""
+    size = 4
+    code, err, reports = _run("create", size, tmp_path, flags=["--worker-watchers"])
+    assert code == 0, err[-3000:]
+    killed = float((tmp_path / "killed").read_text())
+    assert sorted(reports) == list(range(size - 1)), err[-3000:]
+    for rank, seen in reports.items():
+        assert seen.get("raised") == "RankFailure" and seen["dead"] == [size - 1], (rank, seen)
+        assert float(seen["at"]) - killed < BOUND_S, (rank, float(seen["at"]) - killed)  # type: ignore[arg-type]
+    assert "roll calls the agent answered" not in err, err[-3000:]
 
 
 def test_a_stopped_worker_is_not_dead_to_the_agent_the_roll_call_names_it_and_resumed_it_is_fenced(

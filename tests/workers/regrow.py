@@ -72,6 +72,15 @@ def train_step(grid: Any, w: torch.Tensor, step: int, hook: Any) -> None:
 def _die_at(point: str) -> None:
     """The arrival ends itself (``os._exit``) when it reaches ``point`` while it joins: ``drafted`` (it read its
     draft), ``forming`` (torch's rendezvous of the new world) or ``families`` (their creation, the world formed)."""
+    if point == "stopped":  # it SIGSTOPs itself inside torch's rendezvous instead (the test resumes it)
+        original = recovery.reform_world
+
+        def stop_then_form(*args: Any, **kwargs: Any) -> Any:
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return original(*args, **kwargs)
+
+        recovery.reform_world = stop_then_form  # type: ignore[assignment]
+        return
     name = {"drafted": "Intake", "forming": "reform_world", "families": "recreate"}[point]
     if name == "Intake":
         arrival.Intake = _exit_on_call  # type: ignore[misc,assignment]  # (built as it reads its draft)
@@ -193,7 +202,12 @@ def main() -> int:
         if args.arrival_dies:
             _die_at(args.arrival_dies)
         seen["timings"]["arrive"] = time.time()
-        regrid = grid.arrive(120, snapshots=snapshots, wake_ranks=not args.no_wake)
+        try:
+            regrid = grid.arrive(120, snapshots=snapshots, wake_ranks=not args.no_wake)
+        except hypergrid.FencedError as error:  # (it was stopped while it joined: the others went on)
+            seen.update(raised=type(error).__name__, said=str(error)[:300])
+            _write(args.report, seen)
+            return 0
         seen["timings"]["arrived"] = time.time()
         if regrid is not None:
             seen["timings"]["seconds"] = dict(regrid.seconds)

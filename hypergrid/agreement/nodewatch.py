@@ -1,0 +1,358 @@
+"""The node's agent answers the roll call for its workers (issue 46): `NodeWatch`, one per launcher round.
+
+Under ``python -m hypergrid.run`` each worker's watcher joins its agent through a FIFO (`hypergrid.agreement.relay`)
+instead of answering on the store. The agent follows each world its workers are in (one thread and one store
+connection per world, `Follow`): woken by a call, it answers for every worker of its node that is alive (not
+stopped, its pulse fresh) with one ``append`` and one ``add`` (`Incident` with ``ranks``), closes the roll call
+where its answer came first or second, reads the verdict once for them all, and writes it to each worker's FIFO. A
+roll call then has one participant per node instead of one per GPU; every count (answers, readers) stays one per
+rank, so workers answered by an agent and ranks that answer for themselves share one roll call. A worker the agent
+does not answer for is named dead as one whose watcher did not answer; its verdict waits in its FIFO, and it fences
+itself when it resumes. docs/design/rollcall.md ("The node's agent answers").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from hypergrid.agreement import diagnosis
+from hypergrid.agreement.liveness import END, Incident, bound_s, ended_key, incident_prefix, wake_key
+from hypergrid.agreement.relay import CONTROL, send
+
+__all__ = ["PULSE_WINDOW_S", "Follow", "NodeWatch"]
+
+LOGGER = logging.getLogger("hypergrid")
+
+#: A worker whose pulse (`hypergrid.agreement.relay.PULSE_S`) is older than this is not answered for.
+PULSE_WINDOW_S = 2.0
+#: How long one ``wait`` of a follow lasts (it waits again; a halt wakes it before).
+SLICE_S = 24 * 3600.0
+#: How long a follow waits for the workers to publish where their roll calls live (`ledger` ``liveness``).
+PREFIX_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Member:
+    """One worker's rank in a world this agent follows: its process and its FIFO."""
+
+    pid: int
+    path: str
+
+    def answers(self, window_s: float = PULSE_WINDOW_S) -> bool:
+        """Whether the agent answers for it: its process runs (not stopped, not a zombie: ``/proc``) and its pulse
+        is younger than ``window_s``."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as stat:
+                if stat.read().rpartition(")")[2].split()[0] in ("T", "t", "Z", "X", "x"):
+                    return False
+        except FileNotFoundError:  # gone (its FIFO stays: nobody unlinked it)
+            return False
+        try:
+            return time.time() - os.stat(self.path).st_mtime <= window_s
+        except OSError:  # its FIFO went: it left
+            return False
+
+
+class NodeWatch:
+    """The roll-call answerer of one launcher round's workers on this node (see the module's docstring).
+
+    Args:
+        connect: opens a new connection to the workers' store (the agents' TCPStore, without prefix).
+        ledger: the round's ledger prefix (`hypergrid.launch.ledger`): where rank 0 publishes its roll calls' prefix.
+        directory: where the FIFOs live (created by `start`, removed by `stop`): the workers find it in their
+            environment (`hypergrid.agreement.relay.NODE_WATCH_ENV`).
+        liveness_s: the roll call's liveness bound (default: ``HYPERGRID_LIVENESS_S``, as the workers read it).
+        report: where a line about a failure of the watch goes (the launcher's stderr).
+
+    Examples:
+        >>> import tempfile, torch.distributed as dist
+        >>> server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        >>> connect = lambda: dist.TCPStore("127.0.0.1", server.port, is_master=False)
+        >>> watch = NodeWatch(connect, "L/", tempfile.mkdtemp() + "/watch").start()
+        >>> sorted(os.listdir(watch.directory)), watch.follows
+        (['agent'], {})
+        >>> watch.stop(); os.path.exists(watch.directory)
+        False
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        ledger: str,
+        directory: str,
+        *,
+        liveness_s: float | None = None,
+        report: Callable[[str], None] = LOGGER.warning,
+    ) -> None:
+        self.connect = connect
+        self.ledger = ledger
+        self.directory = directory
+        self.liveness_s = liveness_s
+        self.report = report
+        self.follows: dict[int, Follow] = {}  # world -> its follow
+        self.answered = 0  # roll calls it answered (for one worker or more)
+        self.stopped = False
+        self._lock = threading.Lock()  # the follows, the idle connections
+        self._opening = threading.Lock()  # one connection opened at a time
+        self._waking = threading.Lock()  # the waker's one user at a time (`wake`)
+        self._waker: Any = None
+        self._idle: list[Any] = []  # connections of follows that ended, for the next world's
+        self._prefix: str | None = None
+        self._control = -1
+        self._listener = threading.Thread(target=self._listen, name="hypergrid-node-watch", daemon=True)
+
+    def start(self) -> NodeWatch:
+        """Make the directory and the agent's FIFO, and listen to the workers' joins and leaves."""
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, CONTROL)
+        os.mkfifo(path, 0o600)
+        self._control = os.open(path, os.O_RDWR)  # (keeps a writer: the listener never reads an end of file)
+        self._listener.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop every follow and the listener (the round ended); the directory goes."""
+        self.stopped = True
+        with contextlib.suppress(OSError):
+            os.write(self._control, b"{}\n")
+        with self._lock:
+            follows = list(self.follows.values())
+        for follow in follows:
+            follow.halt(timeout_s)
+        self._listener.join(timeout_s)
+        with contextlib.suppress(OSError):
+            os.close(self._control)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    # -- the workers' joins and leaves ------------------------------------------------
+
+    def _listen(self) -> None:
+        buffer = b""
+        while not self.stopped:
+            try:
+                chunk = os.read(self._control, 65536)
+            except OSError:
+                return
+            buffer += chunk
+            while b"\n" in buffer and not self.stopped:
+                line, _, buffer = buffer.partition(b"\n")
+                try:
+                    self._on(json.loads(line))
+                except Exception as error:  # never expected: said, and the listener goes on
+                    self.report(f"the node's watch could not handle {line[:200]!r} ({type(error).__name__}: {error})")
+
+    def _on(self, message: dict[str, Any]) -> None:
+        if "join" in message:
+            world, rank, size, first = (int(value) for value in message["join"])
+            with self._lock:
+                follow = self.follows.get(world)
+                if follow is None or follow.ended or follow.stopped:  # (one halted: its thread may not have ended)
+                    follow = self.follows[world] = Follow(self, world, size)
+                    follow.thread.start()
+            number = follow.add(rank, Member(int(message["pid"]), str(message["path"])), first)
+            send(str(message["path"]), {"ack": number})
+        elif "leave" in message:
+            world, rank = (int(value) for value in message["leave"])
+            with self._lock:
+                follow = self.follows.get(world)
+            if follow is not None and follow.remove(rank):
+                follow.halt(1.0)
+
+    # -- what the follows share -------------------------------------------------------
+
+    def connection(self) -> Any:
+        """A connection to the workers' store under their roll calls' prefix: an idle one, or a new one (opened one
+        at a time: torch's client can stall 5 s when two threads of a process connect at once,
+        docs/design/rollcall.md). Waits until rank 0 published the prefix (`hypergrid.launch.ledger`)."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        with self._opening:
+            raw = self.connect()
+            if self._prefix is None:
+                key = f"{self.ledger}liveness"
+                deadline = time.monotonic() + PREFIX_TIMEOUT_S
+                while not self.stopped and not raw.check([key]):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"the workers never published {key!r} in {PREFIX_TIMEOUT_S:g} s")
+                    time.sleep(0.05)
+                self._prefix = raw.get(key).decode()
+        return dist.PrefixStore(self._prefix[:-1], raw) if self._prefix else raw  # type: ignore[attr-defined]
+
+    def wake(self, call: Callable[[Any], object]) -> None:
+        """``call(connection)`` on the watch's waker: the connection that ends a follow's waits from another thread
+        (a halt, a join that moves a follow on), one thread at a time (a torch client shared by two threads at once
+        can hang both). Opened on first need; a store gone is no error."""
+        with self._waking, contextlib.suppress(RuntimeError):
+            if self._waker is None:
+                self._waker = self.connection()
+            call(self._waker)
+
+    def idle(self, *connections: Any) -> None:
+        """A follow ended: its connections serve the next world's."""
+        with self._lock:
+            self._idle.extend(connection for connection in connections if connection is not None)
+
+
+class Follow:
+    """The agent's watch of one world its workers are in: a thread that answers each incident for them.
+
+    Args:
+        watch: the node's watch (its connections, its report).
+        world: the world's number; size: its size.
+    """
+
+    def __init__(self, watch: NodeWatch, world: int, size: int) -> None:
+        self.watch = watch
+        self.world = world
+        self.expected = list(range(size))
+        self.number = -1  # the incident it waits on (set by the first join)
+        self.members: dict[int, Member] = {}
+        self.ended = self.stopped = False
+        self.store: Any = None  # the thread's connection (blocking waits)
+        self.side: Any = None  # the thread's short calls (a torch client serves one thread at a time)
+        self.incident: Incident | None = None
+        self.waiting = ""  # the wake key the thread waits on
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name=f"hypergrid-node-follow-{world}", daemon=True)
+
+    def add(self, rank: int, member: Member, first: int) -> int:
+        """``rank`` joins (its watcher waits from incident ``first`` on, the one after ``done`` as it read it); the
+        incident the follow waits on. A join whose ``first`` is ahead (an incident closed since the follow began
+        waiting) moves an idle follow past it."""
+        with self._lock:
+            self.members[rank] = member
+            if self.number < 0:
+                self.number = first
+            elif first > self.number and self.incident is None:
+                self.number = first
+                self._wake()
+            return self.number
+
+    def remove(self, rank: int) -> bool:
+        """``rank`` left the world (its watcher stopped): no longer answered for; whether none is left."""
+        with self._lock:
+            self.members.pop(rank, None)
+            return not self.members
+
+    def halt(self, timeout_s: float) -> None:
+        """Stop: wake the thread (its wait, an incident's waits) and join it, at most ``timeout_s``."""
+        self.stopped = True
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._wake()
+            incident = self.incident
+            if incident is not None:
+                self.watch.wake(incident.interrupt)
+            self.thread.join(min(0.1, max(deadline - time.monotonic(), 0.0)))
+            if not self.thread.is_alive() or time.monotonic() >= deadline:
+                return
+
+    def _wake(self) -> None:
+        """End the thread's wait on its wake key (a read of an absent key wakes its waiters)."""
+        if self.waiting:
+            key = self.waiting
+            self.watch.wake(lambda connection: diagnosis.read(connection, key))
+
+    # -- the thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self.store, self.side = self.watch.connection(), self.watch.connection()
+            while not self.stopped:
+                with self._lock:
+                    number, ranks = self.number, sorted(self.members)
+                    self.waiting = wake_key(self.world, number, ranks[0]) if ranks else ""
+                if not ranks:
+                    break
+                with contextlib.suppress(dist.DistStoreError):  # (the slice ended: it waits again)
+                    self.store.wait([self.waiting], datetime.timedelta(seconds=SLICE_S))
+                    if not self.stopped and number == self.number and not self._handle(number):
+                        break
+        except RuntimeError as error:  # the store is gone (the job is over), or never expected
+            if not self.stopped:
+                self.watch.report(f"the node's watch of world {self.world} stops ({type(error).__name__}: {error})")
+                self._tell({"fence": f"the node's agent lost the store ({error})"})
+            return
+        finally:
+            self.ended = True
+        self.watch.idle(self.store, self.side)
+
+    def _handle(self, number: int) -> bool:
+        """Answer incident ``number`` for the members that answer, relay its outcome to every member; False once
+        none is left (the world ended, the members were fenced or left)."""
+        seen = time.monotonic()
+        with self._lock:
+            members, expected = dict(self.members), list(self.expected)
+        if not members:  # every worker left while it waited
+            return False
+        answering = [rank for rank, member in members.items() if member.answers()]
+        incident = Incident(self.store, incident_prefix(self.world, number), min(members), expected, answering)
+        incident.stop, incident.waker = (lambda: self.stopped), self.side
+        self.incident = incident
+        call = incident.answer()
+        if answering and call is not None and not call.startswith(END):
+            self.watch.answered += 1  # (one thread writes it per world; read once the watch stopped)
+        if call is None:  # a halt's or a neighbour's wake, or the others finished this incident without the node
+            self.incident = None
+            return self._unanswered(incident)
+        if call.startswith(END):
+            dead, _ = json.loads(call[len(END) :])[:2]
+            self._tell({"n": number, "end": dead})  # (first: a worker's end is known before the world's keys go)
+            Incident(self.store, incident.prefix, min(members), expected, list(members)).read_end(
+                call, seen + bound_s(len(expected), self.watch.liveness_s)
+            )
+            return False
+        verdict = incident.close(call, seen, self.watch.liveness_s)
+        self.incident = None
+        if verdict is None:  # halted, or the others went on without this node's answer
+            if not self.stopped:
+                self._tell({"fence": f"world {self.world} went on without this rank (incident {number} ended "
+                                     "without it)"})  # fmt: skip
+            return False
+        incident.conclude(verdict)
+        with self._lock:
+            self.number = number + 1
+            gone = {*verdict.dead, *(verdict.alive if verdict.kind == "minority" else ())}
+            self.expected = [rank for rank in self.expected if rank not in set(verdict.dead)]
+        self._tell({"n": number, "verdict": verdict.encode()})
+        with self._lock:
+            for rank in gone:
+                self.members.pop(rank, None)
+            return bool(self.members)
+
+    def _unanswered(self, incident: Incident) -> bool:
+        """Woken without a call: wait again, unless the world went on without the node (its members are fenced)."""
+        if self.stopped:
+            return False
+        data = diagnosis.read(self.side, ended_key(self.world))
+        named = set(json.loads(data)) if data is not None else set()
+        if named & set(self.members):
+            for rank in named & set(self.members):
+                send(self.members[rank].path, {"fence": f"world {self.world} ended without this rank"})
+                self.remove(rank)
+        if not incident.over():
+            return bool(self.members)
+        self._tell({"fence": f"world {self.world} went on without this rank (incident {incident.number} ended "
+                             "without it)"})  # fmt: skip
+        return False
+
+    def _tell(self, message: dict[str, Any]) -> None:
+        """Write ``message`` to every member's FIFO (one that nobody reads any more left the world)."""
+        with self._lock:
+            members = list(self.members.items())
+        for rank, member in members:
+            if not send(member.path, message) and not os.path.exists(member.path):
+                self.remove(rank)
