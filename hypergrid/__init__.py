@@ -47,7 +47,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'hypergrid' has no attribute {name!r}")
 
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "Bridge",
