@@ -191,6 +191,11 @@ class NodeWatch:
                 self._prefix = raw.get(key).decode()
         return dist.PrefixStore(self._prefix[:-1], raw) if self._prefix else raw  # type: ignore[attr-defined]
 
+    def count_answer(self) -> None:
+        """A follow answered a roll call for its workers (`answered`: the follows of several worlds may at once)."""
+        with self._lock:
+            self.answered += 1
+
     def wake(self, call: Callable[[Any], object]) -> None:
         """``call(connection)`` on the watch's waker: the connection that ends a follow's waits from another thread
         (a halt, a join that moves a follow on), one thread at a time (a torch client shared by two threads at once
@@ -304,7 +309,7 @@ class Follow:
         self.incident = incident
         call = incident.answer()
         if answering and call is not None and not call.startswith(END):
-            self.watch.answered += 1  # (one thread writes it per world; read once the watch stopped)
+            self.watch.count_answer()
         if call is None:  # a halt's or a neighbour's wake, or the others finished this incident without the node
             self.incident = None
             return self._unanswered(incident)
