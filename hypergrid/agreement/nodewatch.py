@@ -30,6 +30,7 @@ import torch.distributed as dist
 from hypergrid.agreement import diagnosis
 from hypergrid.agreement.liveness import END, Incident, bound_s, ended_key, incident_prefix, wake_key
 from hypergrid.agreement.relay import CONTROL, send
+from hypergrid.binding.alarm import is_store_loss
 
 __all__ = ["PULSE_WINDOW_S", "Follow", "NodeWatch"]
 
@@ -287,9 +288,12 @@ class Follow:
                     if not self.stopped and number == self.number and not self._handle(number):
                         break
         except RuntimeError as error:  # the store is gone (the job is over), or never expected
-            if not self.stopped:
+            if self.stopped:
+                return
+            if is_store_loss(error):  # its workers' grid waits end with StoreLostError, as a watcher's loss does
+                self._tell({"lost": str(error)[:500]})
+            else:  # said aloud: the node's workers are answered for no more, the others find them dead
                 self.watch.report(f"the node's watch of world {self.world} stops ({type(error).__name__}: {error})")
-                self._tell({"fence": f"the node's agent lost the store ({error})"})
             return
         finally:
             self.ended = True

@@ -8,7 +8,8 @@ instead of answering on the store: the agent (`hypergrid.agreement.nodewatch.Nod
 of its node with one request of each kind, and relays each verdict. While it watches, a thread of the worker
 touches the FIFO's modification time every `PULSE_S` (its *pulse*): a worker whose pulse stopped (an interpreter
 that holds its lock in a C call) or that is stopped (``T`` in ``/proc``) is not answered for, as a watcher thread
-that cannot run does not answer. Messages are JSON lines, each shorter than ``PIPE_BUF`` (one write, never torn).
+that cannot run does not answer. Messages are JSON lines (`send`: one longer than ``PIPE_BUF`` goes in pieces; a
+line torn by a writer that gave up on a full FIFO is skipped).
 docs/design/rollcall.md ("The node's agent answers").
 """
 
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hypergrid.agreement.rollverdict import Verdict
+from hypergrid.binding.alarm import Job
 
 __all__ = ["CONTROL", "PULSE_S", "Relay", "send"]
 
@@ -33,21 +35,31 @@ __all__ = ["CONTROL", "PULSE_S", "Relay", "send"]
 CONTROL = "agent"
 #: How often a watching worker touches its FIFO (its pulse).
 PULSE_S = 0.1
+#: How long a message waits for room in a FIFO whose reader is slow (a longer line goes in pieces).
+SEND_S = 1.0
 #: How long a worker waits for the agent to acknowledge its join before it answers for itself.
 JOIN_TIMEOUT_S = 10.0
 
 
 def send(path: str, message: dict[str, Any]) -> bool:
-    """Write one message (a JSON line) to the FIFO at ``path`` without blocking; whether it went (False: nobody
-    reads it, or its buffer is full: a reader stopped for long)."""
-    line = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+    """Write one message (a JSON line) to the FIFO at ``path`` without blocking for long; whether it went (False:
+    nobody reads it, or its buffer stayed full for `SEND_S`: a reader stopped for long, which skips the torn line)."""
+    line = memoryview((json.dumps(message, separators=(",", ":")) + "\n").encode())
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
     except OSError:  # ENXIO: no reader; ENOENT: gone
         return False
+    deadline = time.monotonic() + SEND_S
     try:
-        return os.write(descriptor, line) == len(line)
-    except OSError:  # EAGAIN (full), EPIPE (the reader closed)
+        while line:  # (a line longer than PIPE_BUF may go in pieces)
+            try:
+                line = line[os.write(descriptor, line) :]
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.001)
+        return True
+    except OSError:  # EPIPE (the reader closed)
         return False
     finally:
         os.close(descriptor)
@@ -116,11 +128,13 @@ class Relay:
         verdict: Callable[[Verdict], bool],
         ended: Callable[[tuple[int, ...]], None],
         fence: Callable[[str], None],
+        job: Job | None = None,
     ) -> None:
         """The watcher's thread with a relay: act on the agent's messages until the rank is out or leaves.
 
         ``verdict(v)`` for the incident the watcher waits on (``number()``; False: out), ``ended(dead)`` for the
-        world's end, ``fence(reason)`` where the agent found the others went on without this rank.
+        world's end, ``fence(reason)`` where the agent found the others went on without this rank, and the job's
+        store lost (``job.lose_store``) where the agent lost it: every grid wait ends with ``StoreLostError``.
         """
         while (message := self.receive()) is not None:
             if "verdict" in message and int(message["n"]) == number():
@@ -130,6 +144,10 @@ class Relay:
                 return ended(tuple(message["end"]))
             elif "fence" in message:
                 return fence(str(message["fence"]))
+            elif "lost" in message:
+                if job is not None:
+                    job.lose_store(RuntimeError(f"the node's agent lost the job's store: {message['lost']}"))
+                return
 
     def catch_up(self, first: int) -> None:
         """An incident closed between this rank's read of ``done`` and its join: the agent moves past it."""
@@ -152,7 +170,10 @@ class Relay:
                 return None
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
-        message: dict[str, Any] = json.loads(line)
+        try:
+            message: dict[str, Any] = json.loads(line)
+        except ValueError:  # a line torn by a writer that gave up (`send`): skipped
+            return {}
         return message
 
     def wake(self) -> None:

@@ -232,7 +232,7 @@ class Watcher:
     def _run(self) -> None:
         try:
             if self.relay is not None:
-                self.relay.follow(lambda: self.number, self._apply, self._ended, self._fence)
+                self.relay.follow(lambda: self.number, self._apply, self._ended, self._fence, self.job)
             while not self.stopped and self.relay is None and self._answer_next():
                 continue
         except RuntimeError as error:  # the store is gone: the job is over (or this rank is cut off)

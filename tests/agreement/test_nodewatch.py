@@ -16,6 +16,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -172,10 +173,12 @@ def test_ranks_that_answer_for_themselves_share_the_roll_call_with_the_agents(
     watch, _ = agent
     watchers, fenced = _watchers(server, watch.directory, 13, 4, [0, 1])
     assert [watcher.relay is not None for watcher in watchers] == [True, True, False, False]
-    for reporter in (2, 0):  # called by a rank answering itself, then by one the agent answers for
+    for number, reporter in enumerate((2, 0)):  # called by a rank answering itself, then by one the agent answers for
         verdict = watchers[reporter].report(PROBE, f"rank {reporter} asks")
-        assert verdict is not None and verdict.dead == (), verdict
-    assert _until(lambda: all(sorted(watcher.verdicts) == [0, 1] for watcher in watchers)) and not fenced
+        assert verdict is not None and verdict.dead == () and verdict.text == f"rank {reporter} asks", verdict
+        # (every rank read it before the next call: a probe that meets the incident its watcher is in joins it)
+        assert _until(lambda n=number: all(n in watcher.verdicts for watcher in watchers)), fenced
+    assert not fenced
     time.sleep(0.3)
     assert not [key for key in server.list_keys() if key.startswith(("hypergrid/live/13/0/", "hypergrid/live/13/1/"))]
     _close(watchers)
@@ -192,10 +195,35 @@ def test_a_worlds_end_reaches_every_worker_and_its_follow_ends_with_its_connecti
     assert _until(lambda: all(watcher.stopped or watcher.fenced for watcher in watchers[:3]))
     assert [watcher.end_dead for watcher in watchers[:3]] == [(3,)] * 3 and not fenced
     follow.thread.join(5)
-    assert not follow.thread.is_alive() and len(watch._idle) >= 2  # its connections serve the next world's
+    kept = len(watch._idle) + (watch._waker is not None)  # (a halt's waker may have taken one of them)
+    assert not follow.thread.is_alive() and kept >= 2, kept  # its connections serve the next world's
     assert not server.check([members_key(14)])  # the world's keys: the end's last reader (the agent) deleted them
     for watcher in watchers:
         watcher.halt(watcher.side, 5.0)
+
+
+def test_a_message_longer_than_a_pipe_buffer_arrives_whole_and_a_torn_line_is_skipped(tmp_path: pathlib.Path) -> None:
+    os.mkfifo(tmp_path / CONTROL)
+    control = os.open(tmp_path / CONTROL, os.O_RDWR)  # (an agent's FIFO that someone reads)
+    relay = Relay(str(tmp_path), 3, 1, 2)
+    try:
+        dead = list(range(0, 40000, 3))  # a verdict naming many dead: ~70 KB, more than the FIFO holds at once
+        sent: list[bool] = []
+        writer = threading.Thread(target=lambda: sent.append(relay_module.send(relay.path, {"n": 0, "dead": dead})))
+        writer.start()
+        assert relay.receive(5.0) == {"n": 0, "dead": dead}
+        writer.join(5)
+        assert sent == [True]
+        fd = os.open(relay.path, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b'{"n": 1, "verd')  # a writer that gave up half-way
+        os.close(fd)
+        assert relay_module.send(relay.path, {"n": 1, "verdict": "x"})
+        assert relay.receive(5.0) == {}  # the torn line, merged with the next one up to its end: skipped
+        assert relay_module.send(relay.path, {"n": 2})
+        assert relay.receive(5.0) == {"n": 2}
+    finally:
+        relay.release()
+        os.close(control)
 
 
 def test_a_relay_without_an_agent_is_none_and_one_not_acknowledged_answers_for_itself(
