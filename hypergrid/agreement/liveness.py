@@ -46,6 +46,7 @@ __all__ = [
     "bound_s",
     "done_key",
     "end_text",
+    "ended_ranks",
     "ended_key",
     "incident_prefix",
     "left_behind",
@@ -372,10 +373,13 @@ def left_behind(store: Any, world: int, rank: int, joined: bool) -> bool:
     """Whether world ``world`` went on without ``rank``: its end's record names it (`ended_key`), or its watch is
     gone although the rank ``joined`` it and never left (`members_key`: deleted once the world ended, or once every
     live member left, so it was named dead). One read, one check."""
+    return rank in ended_ranks(store, world) or (joined and not store.check([members_key(world)]))
+
+
+def ended_ranks(store: Any, world: int) -> set[int]:
+    """The ranks world ``world``'s end left behind, as its record says (`ended_key`); none before its end. One read."""
     data = diagnosis.read(store, ended_key(world))
-    if data is not None and rank in json.loads(data):
-        return True
-    return joined and not store.check([members_key(world)])
+    return set() if data is None else set(json.loads(data))
 
 
 def watching_enabled() -> bool:

@@ -28,7 +28,7 @@ from typing import Any
 import torch.distributed as dist
 
 from hypergrid.agreement import diagnosis
-from hypergrid.agreement.liveness import END, Incident, bound_s, ended_key, incident_prefix, wake_key
+from hypergrid.agreement.liveness import END, Incident, bound_s, ended_ranks, incident_prefix, wake_key
 from hypergrid.agreement.relay import CONTROL, send
 from hypergrid.binding.alarm import is_store_loss
 
@@ -346,12 +346,9 @@ class Follow:
         """Woken without a call: wait again, unless the world went on without the node (its members are fenced)."""
         if self.stopped:
             return False
-        data = diagnosis.read(self.side, ended_key(self.world))
-        named = set(json.loads(data)) if data is not None else set()
-        if named & set(self.members):
-            for rank in named & set(self.members):
-                send(self.members[rank].path, {"fence": f"world {self.world} ended without this rank"})
-                self.remove(rank)
+        for rank in ended_ranks(self.side, self.world) & set(self.members):
+            send(self.members[rank].path, {"fence": f"world {self.world} ended without this rank"})
+            self.remove(rank)
         if not incident.over():
             return bool(self.members)
         self._tell({"fence": f"world {self.world} went on without this rank (incident {incident.number} ended "

@@ -3,7 +3,7 @@
 By default the agent answers for all of its workers (``hypergrid.agreement.nodewatch.NodeWatch``, passed in by
 ``hypergrid.run``: this layer does not import the roll call); ``--worker-watchers`` leaves each worker to answer for
 itself, as under torchrun. Each round gets a new directory, named in the workers' environment (`NODE_WATCH_ENV`),
-where the workers' FIFOs live (``hypergrid.agreement.relay``). docs/launcher.md ("Who answers the roll call").
+where the workers' FIFOs live (``hypergrid.agreement.relay``). docs/launcher.md ("Deaths known at once").
 """
 
 from __future__ import annotations
