@@ -1,7 +1,7 @@
 """Train tp x dp through a SIGKILL under ``python -m hypergrid.run``: every survivor resumes at one agreed step.
 
     python -m hypergrid.run --standalone --nproc-per-node 4 [--replace-dead] examples/elastic_tp_dp.py \\
-        [--tp 2] [--steps 12] [--spares 0] [--pause 0] [--report FILE] [--kill RANK:STEP:POINT[+MS]] [--regrow]
+        [--tp 2] [--steps 12] [--spares 0] [--pause 0] [--report FILE] [--kill RANK:STEP:POINT[+MS][,...]] [--regrow]
 
 A model of two tensor-parallel MLP blocks (column- then row-parallel over
 ``tp``: the autograd mappings ``copy_to`` and ``reduce_from``), the global batch
@@ -27,7 +27,9 @@ steps down so that there is time, and SIGKILL one of them while it trains::
 
 ``--kill RANK:STEP:POINT[+MS]`` makes rank RANK SIGKILL itself at POINT of
 step STEP (first attempt of the job only), MS milliseconds later when given (a
-timer thread: the death lands inside whatever runs then). Points, in a step's
+timer thread: the death lands inside whatever runs then). Several specs, comma-separated,
+kill several times; ``RANK.K`` names the K-th replacement started in place of rank RANK, and a STEP
+``gN`` is N steps after the rank first saw the grid grow back. Points, in a step's
 order: ``begin``, ``forward`` (before the forward's tp all-reduce), ``backward``
 (before the backward's tp all-reduce), ``average`` (before the dp gradient
 average), ``optimizer`` (before Adam's update), ``loss`` (before the loss's dp
@@ -162,24 +164,41 @@ def compare(model: Model, reference: Model, tp: int, tp_rank: int) -> float:
 
 
 class Killer:
-    """``--kill RANK:STEP:POINT[+MS]``: this rank SIGKILLs itself there (first attempt of the job only)."""
+    """``--kill SPEC[,SPEC...]``, each ``RANK:STEP:POINT[+MS]``: this rank SIGKILLs itself there, once (first attempt
+    of the job only). ``RANK`` is the launcher's rank of a worker the job started; ``RANK.K`` the K-th replacement
+    started in its place (``--replace-dead``). ``STEP`` ``gN``: N steps after this rank first saw the grid grow back."""
 
-    def __init__(self, spec: str, rank: int) -> None:
-        self.step = self.point = None
-        self.delay_ms: float | None = None
+    def __init__(self, specs: str, rank: int, arriving: bool) -> None:
         self.step_now = -1
-        if spec and rank == int(spec.split(":")[0]) and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
-            _, step, point = spec.split(":")
+        self.grown_at: int | None = None  # the step this rank resumed at when it first saw the grid grow back
+        self.at: list[tuple[str, str, float | None]] = []  # (step, point, delay in ms)
+        me = os.environ.get("HYPERGRID_MEMBER", "") if arriving else str(rank)  # (a replacement's: "3.1")
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            return
+        for spec in filter(None, specs.split(",")):
+            who, step, point = spec.split(":")
             point, _, delay = point.partition("+")
-            self.step, self.point, self.delay_ms = int(step), point, float(delay) if delay else None
+            if who == me:
+                self.at.append((step, point, float(delay) if delay else None))
+
+    def grew(self, step: int) -> None:
+        if self.grown_at is None:
+            self.grown_at = step
+
+    def _now(self, step: str) -> bool:
+        if step.startswith("g"):
+            return self.grown_at is not None and self.step_now == self.grown_at + int(step[1:])
+        return self.step_now == int(step)
 
     def __call__(self, point: str) -> None:
-        if point != self.point or self.step_now != self.step:
+        for at in self.at:
+            if at[1] != point or not self._now(at[0]):
+                continue
+            self.at.remove(at)  # once
+            if at[2] is None:
+                os.kill(os.getpid(), signal.SIGKILL)
+            threading.Timer(at[2] / 1000, os.kill, (os.getpid(), signal.SIGKILL)).start()
             return
-        self.point = None  # once
-        if self.delay_ms is None:
-            os.kill(os.getpid(), signal.SIGKILL)
-        threading.Timer(self.delay_ms / 1000, os.kill, (os.getpid(), signal.SIGKILL)).start()
 
 
 def wait_to_join(grid: Any, snapshots: Any, arriving: bool, wake: bool = True) -> tuple[Any, Any] | None:
@@ -207,7 +226,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     in_grid = not arriving and grid.is_current_rank_in_grid()
     model = Model(args.tp, grid.my_coord().tp if in_grid else 0)  # (one that joins later gets its shard's state)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    hook = Killer(args.kill if not arriving else "", first_rank)
+    hook = Killer(args.kill, first_rank, arriving)
     policy = "spares_then_drop" if args.spares else "drop"
     outcome: dict[str, Any] = {"first_rank": first_rank, "failed_in": [], "resumed": [], "dead": [], "grew": 0}
 
@@ -221,6 +240,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         grid, regrid = joined
         step = regrid.step
         outcome.update(resumed=[step], dead=list(regrid.dead), grew=int(bool(regrid.arrived)))
+        if regrid.arrived:
+            hook.grew(step)
         if not args.quiet:
             me = grid.my_coord()
             print(f"rank {first_rank}: spare drafted as rank {dist.get_rank()} (tp {me.tp}, dp {me.dp}) in place of"
@@ -254,6 +275,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 break  # this rank's dp slice was removed: it may exit
             grid, step = regrid.grid, regrid.step  # every survivor at this step, model and optimizer restored
             outcome["grew"] += int(bool(regrid.arrived))  # processes joined: the grid grew back
+            if regrid.arrived:
+                hook.grew(step)
             outcome["resumed"].append(step)
             outcome["dead"] = list(regrid.dead)
             if not args.quiet:
@@ -283,7 +306,7 @@ def parser() -> argparse.ArgumentParser:
     parse.add_argument("--spares", type=int, default=0)
     parse.add_argument("--pause", type=float, default=0.0, help="seconds each step waits (time to kill a rank)")
     parse.add_argument("--report", default="")
-    parse.add_argument("--kill", default="", help="RANK:STEP:POINT[+MS]")
+    parse.add_argument("--kill", default="", help="RANK:STEP:POINT[+MS][,...] (RANK.K: its K-th replacement)")
     parse.add_argument("--regrow", action="store_true", help="a retired rank waits to come back (grid.arrive)")
     parse.add_argument("--quiet", action="store_true")
     return parse

@@ -117,7 +117,7 @@ class Arrivals:
         return range(int(diagnosis.read(self.store, self.key("taken")) or 0), count)
 
     def info(self, arrival: int) -> dict[str, Any]:
-        """What the arrival said of itself (its pid, host, launcher rank)."""
+        """What the arrival said of itself (its pid, host, and its grid's digest)."""
         data = diagnosis.read(self.store, self.key("info", arrival))
         return {} if data is None else dict(json.loads(data))
 
@@ -155,9 +155,9 @@ class Arrivals:
 
 
 def describe_arrival() -> dict[str, Any]:
-    """What an arrival says of itself: its pid, host, and its launcher rank under ``hypergrid.run``."""
-    launcher = os.environ.get("RANK") if os.environ.get("HYPERGRID_RUN_LEDGER") else None
-    return {"pid": os.getpid(), "host": socket.gethostname(), "launcher_rank": launcher and int(launcher)}
+    """What an arrival says of itself on the waiting list: its pid and host (who it is for the launcher is in the
+    job's log: `hypergrid.launch.memberlog`)."""
+    return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
 class Heartbeat:

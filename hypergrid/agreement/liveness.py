@@ -203,14 +203,15 @@ class Incident:
 
         A missing rank is dead only if it joined the world's watch and did not leave it; a late one (never
         joined) or one that left is *absent*: neither dead nor a reader. The majority is counted among the ranks
-        in the watch and those that answered.
+        in the watch and those that answered, less those a launcher's agent declared dead that did not answer (its
+        word and their silence: they are on no side).
         """
         status = member_status(diagnosis.read(self.store, members_key(self.world)))
         answered = diagnosis.alive_of(self.store, self.prefix)  # one set, not one per rank (O(N^2))
         alive = tuple(rank for rank in self.expected if rank in answered)
         gone = set(self.declared(f"{kind} {text}"))  # declared dead by a launcher's agent: dead, joined or not
         counted = [rank for rank in self.expected if rank in answered or rank in gone or status.get(rank, False)]
-        if not majority(alive, counted):
+        if not majority(alive, [rank for rank in counted if rank in answered or rank not in gone]):
             return Verdict("minority", (), said_of(text), alive, readers=len(alive))
         dead = tuple(rank for rank in counted if rank not in answered)
         absent = tuple(rank for rank in self.expected if rank not in answered and rank not in counted)
@@ -228,12 +229,9 @@ class Incident:
         return at < len(self.expected) and self.expected[at] == rank
 
     def _majority_without_gone(self) -> bool:
-        """Whether the expected ranks the call does not declare gone are a majority (`majority`); O(N) only where
-        the call declares some (a roll call without: every rank's answer stays O(1))."""
-        if not self.gone:
-            return len(self.expected) > 0  # (`majority` of every expected rank)
-        gone = set(self.gone)
-        return majority([rank for rank in self.expected if rank not in gone], self.expected)
+        """Whether the expected ranks the call does not declare gone, all answering, are a majority (`judge`'s rule:
+        the declared ranks that do not answer are on no side): whether any is left."""
+        return len(self.expected) > len(self.gone)
 
     def _settle(self, seen: float, fallback: float, liveness: float) -> float:
         """A closer that saw ``I/woken`` just now: when to stop waiting for the verdict (then it publishes one).

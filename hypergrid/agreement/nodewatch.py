@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from hypergrid.agreement import diagnosis
 from hypergrid.agreement.liveness import END, Incident, bound_s, ended_ranks, incident_prefix, wake_key
-from hypergrid.agreement.relay import CONTROL, send
+from hypergrid.agreement.relay import CONTROL, runs, send
 from hypergrid.binding.alarm import is_store_loss
 
 __all__ = ["PULSE_WINDOW_S", "Follow", "NodeWatch"]
@@ -40,7 +40,7 @@ LOGGER = logging.getLogger("hypergrid")
 PULSE_WINDOW_S = 2.0
 #: How long one ``wait`` of a follow lasts (it waits again; a halt wakes it before).
 SLICE_S = 24 * 3600.0
-#: How long a follow waits for the workers to publish where their roll calls live (`ledger` ``liveness``).
+#: How long a follow waits for the workers to publish where their roll calls live (the log's cell ``liveness``).
 PREFIX_TIMEOUT_S = 600.0
 
 
@@ -54,11 +54,7 @@ class Member:
     def answers(self, window_s: float = PULSE_WINDOW_S) -> bool:
         """Whether the agent answers for it: its process runs (not stopped, not a zombie: ``/proc``) and its pulse
         is younger than ``window_s``."""
-        try:
-            with open(f"/proc/{self.pid}/stat") as stat:
-                if stat.read().rpartition(")")[2].split()[0] in ("T", "t", "Z", "X", "x"):
-                    return False
-        except FileNotFoundError:  # gone (its FIFO stays: nobody unlinked it)
+        if not runs(self.pid):  # (gone: its FIFO stays, nobody unlinked it)
             return False
         try:
             return time.time() - os.stat(self.path).st_mtime <= window_s
@@ -71,7 +67,7 @@ class NodeWatch:
 
     Args:
         connect: opens a new connection to the workers' store (the agents' TCPStore, without prefix).
-        ledger: the round's ledger prefix (`hypergrid.launch.ledger`): where rank 0 publishes its roll calls' prefix.
+        log: the round's membership log (`hypergrid.launch.memberlog`): where rank 0 publishes its roll calls' prefix.
         directory: where the FIFOs live (created by `start`, removed by `stop`): the workers find it in their
             environment (`hypergrid.agreement.relay.NODE_WATCH_ENV`).
         liveness_s: the roll call's liveness bound (default: ``HYPERGRID_LIVENESS_S``, as the workers read it).
@@ -91,20 +87,21 @@ class NodeWatch:
     def __init__(
         self,
         connect: Callable[[], Any],
-        ledger: str,
+        log: str,
         directory: str,
         *,
         liveness_s: float | None = None,
         report: Callable[[str], None] = LOGGER.warning,
     ) -> None:
         self.connect = connect
-        self.ledger = ledger
+        self.log = log
         self.directory = directory
         self.liveness_s = liveness_s
         self.report = report
         self.follows: dict[int, Follow] = {}  # world -> its follow
         self.answered = 0  # roll calls it answered (for one worker or more)
         self.stopped = False
+        self.lost = False  # a follow met the store's loss: no connection is opened again (each waits out 30 s)
         self._lock = threading.Lock()  # the follows, the idle connections
         self._opening = threading.Lock()  # one connection opened at a time
         self._waking = threading.Lock()  # the waker's one user at a time (`wake`)
@@ -176,14 +173,14 @@ class NodeWatch:
     def connection(self) -> Any:
         """A connection to the workers' store under their roll calls' prefix: an idle one, or a new one (opened one
         at a time: torch's client can stall 5 s when two threads of a process connect at once,
-        docs/design/rollcall.md). Waits until rank 0 published the prefix (`hypergrid.launch.ledger`)."""
+        docs/design/rollcall.md). Waits until rank 0 published the prefix (`hypergrid.launch.memberlog`)."""
         with self._lock:
             if self._idle:
                 return self._idle.pop()
         with self._opening:
             raw = self.connect()
             if self._prefix is None:
-                key = f"{self.ledger}liveness"
+                key = f"{self.log}liveness"
                 deadline = time.monotonic() + PREFIX_TIMEOUT_S
                 while not self.stopped and not raw.check([key]):
                     if time.monotonic() > deadline:
@@ -200,8 +197,10 @@ class NodeWatch:
     def wake(self, call: Callable[[Any], object]) -> None:
         """``call(connection)`` on the watch's waker: the connection that ends a follow's waits from another thread
         (a halt, a join that moves a follow on), one thread at a time (a torch client shared by two threads at once
-        can hang both). Opened on first need; a store gone is no error."""
+        can hang both). Opened on first need; a store gone is no error, and none is opened once it was lost."""
         with self._waking, contextlib.suppress(RuntimeError):
+            if self._waker is None and self.lost:
+                return
             if self._waker is None:
                 self._waker = self.connection()
             call(self._waker)
@@ -291,6 +290,7 @@ class Follow:
             if self.stopped:
                 return
             if is_store_loss(error):  # its workers' grid waits end with StoreLostError, as a watcher's loss does
+                self.watch.lost = True
                 self._tell({"lost": str(error)[:500]})
             else:  # said aloud: the node's workers are answered for no more, the others find them dead
                 self.watch.report(f"the node's watch of world {self.world} stops ({type(error).__name__}: {error})")

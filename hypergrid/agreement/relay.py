@@ -29,7 +29,7 @@ from typing import Any
 from hypergrid.agreement.rollverdict import Verdict
 from hypergrid.binding.alarm import Job
 
-__all__ = ["CONTROL", "PULSE_S", "Relay", "send"]
+__all__ = ["AGENT_CHECK_S", "CONTROL", "PULSE_S", "Relay", "runs", "send"]
 
 #: The agent's own FIFO in that directory: the workers' joins and leaves.
 CONTROL = "agent"
@@ -39,6 +39,23 @@ PULSE_S = 0.1
 SEND_S = 1.0
 #: How long a worker waits for the agent to acknowledge its join before it answers for itself.
 JOIN_TIMEOUT_S = 10.0
+#: How often a worker that waits on its agent looks whether the agent still runs (``/proc``: `runs`).
+AGENT_CHECK_S = 0.25
+
+
+def runs(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and is not stopped, traced, a zombie or dead (``/proc/<pid>/stat``).
+
+    Examples:
+        >>> import os
+        >>> runs(os.getpid()), runs(2**22 + 1)  # (above the largest pid Linux gives)
+        (True, False)
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] not in ("T", "t", "Z", "X", "x")
+    except (FileNotFoundError, IndexError):  # gone
+        return False
 
 
 def send(path: str, message: dict[str, Any]) -> bool:
@@ -73,9 +90,10 @@ class Relay:
         world: the world's number; rank: this rank in it; size: the world's size.
     """
 
-    def __init__(self, directory: str, world: int, rank: int, size: int) -> None:
+    def __init__(self, directory: str, world: int, rank: int, size: int, agent: int | None = None) -> None:
         self.directory = directory
         self.world, self.rank, self.size = world, rank, size
+        self.agent = os.getppid() if agent is None else agent  # (the agent started this worker)
         self.path = os.path.join(directory, f"{world}.{rank}.{os.getpid()}")
         os.mkfifo(self.path, 0o600)
         self._descriptor = os.open(self.path, os.O_RDWR)  # (never blocks, and keeps a writer: no end of file)
@@ -86,8 +104,9 @@ class Relay:
     @classmethod
     def open(cls, directory: str | None, world: int, rank: int, size: int) -> Relay | None:
         """The relay of ``rank`` in ``world`` where the agent of ``directory`` answers for it (``Job.node_watch``);
-        None where none does, or its FIFO cannot be made (the watcher answers itself)."""
-        if directory is None or not os.path.exists(os.path.join(directory, CONTROL)):
+        None where none does, it does not run (stopped, gone: `runs`), or the FIFO cannot be made (the watcher
+        answers itself)."""
+        if directory is None or not os.path.exists(os.path.join(directory, CONTROL)) or not runs(os.getppid()):
             return None
         try:
             return cls(directory, world, rank, size)
@@ -103,8 +122,8 @@ class Relay:
         if not send(os.path.join(self.directory, CONTROL), message):
             return None
         deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            got = self.receive(left)
+        while (left := deadline - time.monotonic()) > 0 and runs(self.agent):
+            got = self.receive(min(left, AGENT_CHECK_S))
             if got is not None and "ack" in got:
                 return int(got["ack"])
         return None
@@ -129,25 +148,43 @@ class Relay:
         ended: Callable[[tuple[int, ...]], None],
         fence: Callable[[str], None],
         job: Job | None = None,
-    ) -> None:
-        """The watcher's thread with a relay: act on the agent's messages until the rank is out or leaves.
+    ) -> bool:
+        """The watcher's thread with a relay: act on the agent's messages until the rank is out or leaves; whether
+        the agent stopped running instead (True: the relay is closed, and the watcher answers for itself).
 
         ``verdict(v)`` for the incident the watcher waits on (``number()``; False: out), ``ended(dead)`` for the
         world's end, ``fence(reason)`` where the agent found the others went on without this rank, and the job's
         store lost (``job.lose_store``) where the agent lost it: every grid wait ends with ``StoreLostError``.
+
+        No wait on the agent is unbounded: every `AGENT_CHECK_S` without a message, the agent's process is looked
+        at; one stopped (SIGSTOP) or gone answers for nobody, so the rank leaves it (`release`: its FIFO goes, so an
+        agent resumed later does not answer for it too) and answers its roll calls itself from the incident it
+        waits on: within about `AGENT_CHECK_S` it is neither blocked nor named dead for its agent's sake.
         """
-        while (message := self.receive()) is not None:
+        while (message := self.receive(AGENT_CHECK_S)) is not None or not self._closed.is_set():
+            if message is None:
+                if runs(self.agent):
+                    continue
+                self.release()  # (this is the reading thread)
+                logging.getLogger("hypergrid").warning(
+                    "hypergrid: the node's agent (pid %s) does not run (stopped or gone): rank %s of world %s answers "
+                    "its roll calls itself", self.agent, self.rank, self.world,
+                )  # fmt: skip
+                return True
             if "verdict" in message and int(message["n"]) == number():
                 if not verdict(Verdict.decode(str(message["verdict"]).encode())):
-                    return
+                    return False
             elif "end" in message:
-                return ended(tuple(message["end"]))
+                ended(tuple(message["end"]))
+                return False
             elif "fence" in message:
-                return fence(str(message["fence"]))
+                fence(str(message["fence"]))
+                return False
             elif "lost" in message:
                 if job is not None:
                     job.lose_store(RuntimeError(f"the node's agent lost the job's store: {message['lost']}"))
-                return
+                return False
+        return False
 
     def catch_up(self, first: int) -> None:
         """An incident closed between this rank's read of ``done`` and its join: the agent moves past it."""

@@ -17,48 +17,49 @@ import torch.distributed as dist
 
 from hypergrid.agreement.liveness import FAILURE, Incident
 from hypergrid.agreement.rollkeys import gone_text
-from hypergrid.launch.ledger import current_world, raw_store
+from hypergrid.launch.memberlog import MemberLog, world_of
 from hypergrid.values import format_ranks
 
 __all__ = ["announce_death"]
 
 
-def announce_death(store: Any, ledger: str, launcher_ranks: Sequence[int], size: int, said: str) -> bool:
-    """Call a roll call in the workers' current world declaring ``launcher_ranks`` dead; whether it called one.
+def announce_death(store: Any, log_prefix: str, members: Sequence[str], size: int, said: str) -> bool:
+    """Call a roll call in the workers' current world declaring ``members`` dead; whether it called one.
 
     Args:
         store: a connection to the agents' store (the workers' store is under its prefixes).
-        ledger: the job's ledger prefix (`hypergrid.launch.ledger`), where the workers published their roll calls'
-            prefix and each world's ranks.
-        launcher_ranks: the dead workers, as the launcher numbers them (one agent's, when that agent died).
-        size: the job's first world's size (every world after it is in the ledger).
-        said: how it died, for the verdict's text.
+        log_prefix: the round's membership log (`hypergrid.launch.memberlog`): where the workers published their roll
+            calls' prefix, and every world they formed, with who each rank is.
+        members: the dead processes, as the log names them (``"3"``, ``"3.1"``: `hypergrid.launch.memberlog`).
+        size: the job's first world's size (every world after it is in the log).
+        said: how they died, for the verdict's text.
 
     Nothing is called (False) before the workers published their prefix (no grid yet: nothing to tell), or where
-    none of the ranks is in the current world (a shrink left them out already). Where a roll call is open already,
-    the ranks are listed in its ``I/gone`` instead: its closers close without waiting for them, and its verdict
-    names them dead.
+    none of the members is in the current world (a shrink left them out already, or they never joined). Where a
+    roll call is open already, the ranks are listed in its ``I/gone`` instead: its closers close without waiting for
+    them, and its verdict names them dead. The death is an entry of the log too (``dead``).
 
     Examples:
         >>> import torch.distributed as dist
         >>> raw = dist.HashStore()
-        >>> announce_death(raw, "L/", [3], 4, "died by signal SIGKILL")  # no worker published its prefix yet
+        >>> announce_death(raw, "L/", ["3"], 4, "died by signal SIGKILL")  # no worker published its prefix yet
         False
         >>> raw.set("L/liveness", "P/")
-        >>> announce_death(raw, "L/", [3], 4, "died by signal SIGKILL"), raw.get("P/hypergrid/live/0/0/call")
+        >>> announce_death(raw, "L/", ["3"], 4, "died by signal SIGKILL"), raw.get("P/hypergrid/live/0/0/call")
         (True, b'failure [gone 3] rank 3 died by signal SIGKILL (seen by its launcher)')
     """
-    found = current_world(store, ledger)
-    if found is None:
+    log = MemberLog(store, log_prefix)
+    prefix = log.read_cell("liveness")
+    if prefix is None:
         return False
-    prefix, epoch, table = found
-    ranks = list(range(size)) if table is None else list(table)
-    gone = [ranks.index(rank) for rank in sorted(set(launcher_ranks)) if rank in ranks]
+    epoch, ranks = world_of(log.entries(), size)
+    gone = sorted(rank for rank, member in enumerate(ranks) if member in set(members))
     if not gone:
         return False
-    workers: Any = raw_store(store) if not prefix else dist.PrefixStore(prefix[:-1], raw_store(store))  # type: ignore[attr-defined]
+    workers: Any = log.store if not prefix else dist.PrefixStore(prefix[:-1], log.store)  # type: ignore[attr-defined]
     text = gone_text(gone, f"rank{'s' if len(gone) > 1 else ''} {format_ranks(gone)} {said} (seen by its launcher)")
     incident = Incident.next_of(workers, epoch)
     if incident.call(FAILURE, text, range(len(ranks))) != f"{FAILURE} {text}":  # a roll call was open: join it
         workers.append(incident.key("gone"), "".join(f"{rank}\n" for rank in gone))  # (read by its closers)
+    log.append("dead", members=[ranks[rank] for rank in gone], said=said, world=epoch)  # (after the call: no delay)
     return True

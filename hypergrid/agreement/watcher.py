@@ -65,7 +65,7 @@ class Watcher:
         first: the incident to wait on first (a rank that joins a watched world: the one after its ``done``).
         liveness_s: how long live ranks have to answer (default: ``HYPERGRID_LIVENESS_S``, 0.5 s).
         relay: the line from the node's agent that answers for this rank (`hypergrid.agreement.relay`): the thread
-            reads its roll calls' verdicts there instead of answering on the store (None: it answers itself).
+            reads its roll calls' verdicts there instead of answering on the store (None, or the agent stopped: itself).
     """
 
     def __init__(
@@ -82,8 +82,7 @@ class Watcher:
         liveness_s: float | None = None,
         relay: Relay | None = None,
     ) -> None:
-        self.relay = relay
-        self.store, self.side = store, side
+        self.relay, self.store, self.side = relay, store, side  # (relay: None once the agent stopped running)
         self.world, self.rank = world, rank
         self.expected: list[int] = list(range(size))
         self.dead: list[int] = []
@@ -231,8 +230,9 @@ class Watcher:
 
     def _run(self) -> None:
         try:
-            if self.relay is not None:
-                self.relay.follow(lambda: self.number, self._apply, self._ended, self._fence, self.job)
+            follow = (lambda: self.number, self._apply, self._ended, self._fence, self.job)
+            if self.relay is not None and self.relay.follow(*follow):  # the agent stopped running (it was released):
+                self.relay = None  # this rank answers itself from here on
             while not self.stopped and self.relay is None and self._answer_next():
                 continue
         except RuntimeError as error:  # the store is gone: the job is over (or this rank is cut off)

@@ -44,7 +44,7 @@ from hypergrid.binding.alarm import Alarm, Job
 from hypergrid.binding.failures import sever_torch_groups
 from hypergrid.errors import GridReplacedError, NotInitializedError
 from hypergrid.launch import sockets
-from hypergrid.launch.ledger import publish_liveness
+from hypergrid.launch.memberlog import publish_liveness
 
 __all__ = ["CLOSED", "OPEN", "REPLACED", "World"]
 

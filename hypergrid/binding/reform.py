@@ -22,6 +22,7 @@ from torch.distributed import distributed_c10d as c10d
 from hypergrid.binding.alarm import Job
 from hypergrid.binding.failures import abort_groups
 from hypergrid.launch import sockets
+from hypergrid.launch.memberlog import pin_member
 
 __all__ = [
     "Formed",
@@ -133,6 +134,7 @@ def reform_world(
             c10d._world.pg_map[world] = (backend_name, dist.PrefixStore(f"{c10d._world.pg_names[world]}/", plain))  # type: ignore[attr-defined]
         if bounded != timeout:
             c10d._set_pg_timeout(timeout, dist.group.WORLD)
+    pin_member()  # (the launcher's RANK names this process for its life: kept before the new world's replaces it)
     for name, value in (("RANK", rank), ("WORLD_SIZE", size)):
         if name in os.environ:
             os.environ[name] = str(value)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import os
 import time
 from typing import Any
 
@@ -31,6 +32,7 @@ from hypergrid.grid.recovery import Recovery
 from hypergrid.grid.regrid import Regrid
 from hypergrid.grid.snapshots import StepSnapshots
 from hypergrid.grid.succession import successor
+from hypergrid.launch.memberlog import job_log, member_id
 from hypergrid.launch.processes import job_store
 from hypergrid.layout.shrink import ShrinkPlan, check_policy
 from hypergrid.validation import check_bool, refuse
@@ -147,6 +149,9 @@ class Growth(Facet):
         number = arrivals.register(origin_digest(grid), describe_arrival())
         if number is None:  # the job ended already
             return None
+        log = job_log(store)
+        if log is not None:  # under hypergrid.run: who it is, before any shrink can take it in
+            log.append("arrived", arrival=number, member=member_id(number), pid=os.getpid())
         heartbeat = Heartbeat(_connection(store), number).start()
         regrid = None
         try:

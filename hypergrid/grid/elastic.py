@@ -25,7 +25,7 @@ from hypergrid.grid.recovery import Recovery, families_digest
 from hypergrid.grid.regrid import Regrid
 from hypergrid.grid.snapshots import MAX_STEP, StepSnapshots
 from hypergrid.grid.succession import Recreation
-from hypergrid.launch.ledger import record_shrink
+from hypergrid.launch.memberlog import job_log, record_world
 from hypergrid.layout import KEY_SEPARATOR, MAX_WORLD_SIZE
 from hypergrid.layout.shrink import check_policy
 from hypergrid.validation import check_int, check_ints, refuse
@@ -101,11 +101,14 @@ def _recover(recovery: Recovery, proposal: Proposal, families: list[Recreation])
 
 
 def record(recovery: Recovery, regrid: Regrid) -> None:
-    """Under ``hypergrid.run``, on the new world's rank 0: the ledger notes whom the shrink excluded and took in."""
-    joined: dict[int, int | None] = {old: None for old in regrid.old_to_new if old >= recovery.size}
-    if regrid.rank == 0 and joined and recovery.last_plan is not None:
-        joined = recovery.intake.launcher_ranks(recovery.last_plan)
-    record_shrink(recovery.world.number, regrid.epoch, regrid.rank, regrid.old_to_new, regrid.dead, joined=joined)
+    """Under ``hypergrid.run``, on the new world's ranks 0 and 1: the job's log records the world the shrink formed
+    (`hypergrid.launch.memberlog.record_world`)."""
+    if regrid.rank not in (0, 1):
+        return
+    plan, log = recovery.last_plan, job_log(recovery.world.base_store)
+    arrivals = {rank: recovery.intake.arrivals[rank] for rank in plan.arrived} if plan is not None else {}
+    record_world(log, recovery.size, recovery.world.number, regrid.epoch, regrid.rank, regrid.old_to_new,
+                 regrid.dead, arrivals)  # fmt: skip
 
 
 def _family_list(root: Any) -> list[Recreation]:

@@ -151,8 +151,3 @@ class Intake:
         if self.arrivals:
             arrivals.mark_taken([self.arrivals[rank] for rank in plan.arrived], self.considered)
         arrivals.forget_decision(old)
-
-    def launcher_ranks(self, plan: ShrinkPlan) -> dict[int, int | None]:
-        """The arrivals taken (old ranks) -> the launcher's rank each said it has (None: not the launcher's)."""
-        arrivals = Arrivals(self.store)
-        return {rank: arrivals.info(self.arrivals[rank]).get("launcher_rank") for rank in plan.arrived}

@@ -1,9 +1,10 @@
 """The launch layer: start ranks (``spawn``, local processes) or join a launched job (``init_from_env``).
 
-Imports only the base layer and torch; the grid needs only ``ledger.record_shrink`` (its ``shrink`` reports to
-``hypergrid.run``). ``stacks`` makes a hung rank say where it is. ``python -m hypergrid.run`` lives here too: its
-command line (``launcher``, ``flags``), its agent (``agent``, ``health``, ``outcomes``), the workers' ``ledger``
-and ``orphans`` (a worker ends with its parent). docs/design/launcher.md.
+Imports only the base layer and torch; the grid needs only ``memberlog`` (its ``shrink`` records each world in
+``hypergrid.run``'s log). ``stacks`` makes a hung rank say where it is. ``python -m hypergrid.run`` lives here too: its
+command line (``launcher``, ``flags``), its agent (``agent``, ``health``, ``outcomes``), the round's membership log
+(``memberlog``), the workers' error files (``errorfile``) and ``orphans`` (a worker ends with its parent).
+docs/design/launcher.md.
 """
 
 from hypergrid.launch.processes import WorkerDeath, default_device, init_from_env, job_store, spawn

@@ -4,7 +4,7 @@ torchrun's ``LocalElasticAgent`` stops every worker when one fails; an elastic g
 past the dead and carry on. This agent is the same agent (rendezvous, worker environment, the store hosted by the
 agents, logs, restarts) with three methods replaced: monitoring, the run loop (the minimum-healthy rule, job-wide:
 ``hypergrid.launch.health``) and the exit barrier, after which the run is judged (``hypergrid.launch.outcomes``,
-from the workers' ``hypergrid.launch.ledger``). docs/launcher.md describes each.
+from the round's membership log, ``hypergrid.launch.memberlog``). docs/launcher.md describes each.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
+from torch.distributed import DistNetworkError, TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import LogsSpecs
@@ -26,9 +26,18 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from hypergrid.errors import InvalidArgumentError
 from hypergrid.launch.answerer import NodeAnswerer, NodeWatchFactory
+from hypergrid.launch.errorfile import raised
 from hypergrid.launch.health import HealthRound
-from hypergrid.launch.ledger import LEDGER_ENV, agree_ledger, parse_ranks, raised, read_shrunk
-from hypergrid.launch.outcomes import WorkerOutcome, judge
+from hypergrid.launch.memberlog import (
+    LOG_ENV,
+    MemberLog,
+    accounted,
+    agree_log,
+    format_members,
+    members_of,
+    parse_members,
+)
+from hypergrid.launch.outcomes import WorkerOutcome, judge, summary
 from hypergrid.launch.replacements import Replacements
 from hypergrid.launch.ring import AgentRing, local_address
 from hypergrid.values import format_ranks
@@ -36,8 +45,10 @@ from hypergrid.values import format_ranks
 __all__ = ["MinHealthyAgent", "WorkerOutcome", "report"]
 
 PREFIX = "hypergrid.run: "
-# How long the agent waits to reach the workers' store to read the ledger.
-_LEDGER_TIMEOUT = datetime.timedelta(seconds=30)
+#: How long an agent that lost the job's store lets its workers end by themselves (with StoreLostError) at most.
+STORE_LOST_GRACE_S = 5.0
+# How long the agent waits to reach the workers' store (the round's log lives there).
+_STORE_TIMEOUT = datetime.timedelta(seconds=30)
 
 
 def report(message: str) -> None:
@@ -57,10 +68,11 @@ class MinHealthyAgent(LocalElasticAgent):
             workers before it exits anyway.
         replace_dead: how many workers it may start in place of dead ones per round (``--replace-dead``,
             ``--max-replacements``; `hypergrid.launch.replacements`); 0: none.
-        on_death: ``on_death(store, ledger, ranks, world_size, said)``, run the moment a worker is seen failed,
+        on_death: ``on_death(store, log, members, world_size, said)``, run the moment a worker is seen failed,
             or another agent watched through the ring (`hypergrid.launch.ring`) is seen dead, with its workers
-            (``hypergrid.agreement.sentinel.announce_death``: the survivors' roll call); never raises out.
-        node_watch: ``node_watch(connect, ledger, directory, report)``: each round's answerer of the roll call for
+            (``hypergrid.agreement.sentinel.announce_death``: the survivors' roll call); ``members`` as the round's
+            log names them (`hypergrid.launch.memberlog`); never raises out.
+        node_watch: ``node_watch(connect, log, directory, report)``: each round's answerer of the roll call for
             this node's workers (`hypergrid.launch.answerer`); None: each worker answers for itself.
         start_method, log_line_prefix_template, shutdown_timeout: as for ``LocalElasticAgent``.
 
@@ -78,7 +90,7 @@ class MinHealthyAgent(LocalElasticAgent):
         start_method: str = "spawn",
         log_line_prefix_template: str | None = None,
         shutdown_timeout: int = 30,
-        on_death: Callable[[Any, str, list[int], int, str], object] | None = None,
+        on_death: Callable[[Any, str, list[str], int, str], object] | None = None,
         replace_dead: int = 0,
         node_watch: NodeWatchFactory | None = None,
     ) -> None:
@@ -105,7 +117,7 @@ class MinHealthyAgent(LocalElasticAgent):
         self.verdict = ""  # why the run ended as it did, for the summary
         self.health: HealthRound | None = None
         self.ring: AgentRing | None = None  # this round's watch of the next agent (several nodes only)
-        self.ledger = ""  # the round's ledger prefix (hypergrid.launch.ledger), named in the workers' environment
+        self.log = ""  # the round's membership log (hypergrid.launch.memberlog), named in the workers' environment
         self.on_death, self.replace_dead = on_death, replace_dead
         self.replacements = Replacements(0)  # this round's workers started in place of dead ones
         self.answerer = NodeAnswerer(node_watch, report)  # who answers the roll call for this node's workers
@@ -113,12 +125,12 @@ class MinHealthyAgent(LocalElasticAgent):
         self._client_lock = threading.Lock()
 
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
-        """torchelastic's start, with the round's ledger named in the workers' environment (they inherit ours)."""
-        self.ledger = agree_ledger(worker_group.store, self.restarts_used)
+        """torchelastic's start, with the round's log named in the workers' environment (they inherit ours)."""
+        self.log = agree_log(worker_group.store, self.restarts_used)
         with self._client_lock:
             self._store_client = None  # (a new round may have a new store)
-        os.environ[LEDGER_ENV] = self.ledger
-        self.answerer.begin(self._connect, self.ledger)
+        os.environ[LOG_ENV] = self.log
+        self.answerer.begin(self._connect, self.log)
         started: dict[int, Any] = super()._start_workers(worker_group)
         return started
 
@@ -178,22 +190,19 @@ class MinHealthyAgent(LocalElasticAgent):
         """The ring found agent ``index`` dead: its workers went with it; tell the survivors, and count them."""
         health = self.health
         report(f"worker ranks {format_ranks(ranks)} {said}")
-        self._announce(ranks, said)
+        self._announce(members_of(ranks, self.replace_dead), said)  # (with any replacement it started)
         if health is None:
             return
         try:
-            health.count_dead_agent(index, ranks, f"ring {self._index()}", self._read_ledger)
+            health.count_dead_agent(index, ranks, f"ring {self._index()}", self._read_accounted)
         except Exception as error:  # (the store's host was the dead agent: nothing left to count on)
             report(f"could not count ranks {format_ranks(ranks)} as failed ({type(error).__name__}: {error})")
 
     def _handlers(self) -> dict[int, Any]:
-        pcontext: Any = self._pcontext
-        handlers: dict[int, Any] = pcontext.subprocess_handlers if pcontext is not None else {}
-        return handlers
+        return cast(dict[int, Any], getattr(self._pcontext, "subprocess_handlers", None) or {})
 
     def _error_files(self) -> dict[int, str]:
-        files: dict[int, str] = getattr(self._pcontext, "error_files", None) or {}
-        return files
+        return cast(dict[int, str], getattr(self._pcontext, "error_files", None) or {})
 
     def _exits(self, stopped: bool = False) -> list[WorkerOutcome]:
         """The workers seen exited since the last call (all the rest, read after a stop, when ``stopped``)."""
@@ -234,7 +243,7 @@ class MinHealthyAgent(LocalElasticAgent):
 
     def _failed(self, outcome: WorkerOutcome, below: bool, health: str) -> None:
         """A worker failed: the survivors are told; with ``--replace-dead``, a worker starts in its place."""
-        self._announce([outcome.rank], outcome.describe())
+        self._announce([outcome.member], outcome.describe())
         replaced = None if below else self.replacements.start(self._pcontext, outcome.local_rank, outcome.rank)
         after = "" if below else ": the others keep running"
         if replaced is not None:
@@ -254,41 +263,42 @@ class MinHealthyAgent(LocalElasticAgent):
     def _connect(self) -> Any:
         """A new connection to the workers' store (the rendezvous set its address)."""
         address, port = str(self._worker_group.master_addr), int(cast(int, self._worker_group.master_port))
-        return TCPStore(address, port, is_master=False, timeout=_LEDGER_TIMEOUT)
+        return TCPStore(address, port, is_master=False, timeout=_STORE_TIMEOUT)
 
-    def _read_ledger(self) -> str:
-        """The ledger's list of the ranks shrinks excluded, from the workers' store."""
-        return read_shrunk(self._client(), self.ledger)
+    def _read_accounted(self) -> str:
+        """The members whose death a shrink accounted for, as the round's log says (`format_members`)."""
+        return format_members(sorted(accounted(MemberLog(self._client(), self.log).entries())))
 
-    def _announce(self, ranks: list[int], said: str) -> None:
+    def _announce(self, members: list[str], said: str) -> None:
         """Workers died: tell the survivors at once (their roll call), where an announcer is set."""
         if self.on_death is None:
             return
         try:
-            self.on_death(self._client(), self.ledger, ranks, self.job_workers, said)
+            self.on_death(self._client(), self.log, members, self.job_workers, said)
         except Exception as error:  # the survivors find it their own way: a failed operation, a probe
-            report(f"could not tell the survivors of ranks {format_ranks(ranks)} ({type(error).__name__}: {error})")
+            report(f"could not tell the survivors of {', '.join(members)} ({type(error).__name__}: {error})")
 
     def _judge(self, barrier: str) -> WorkerState:
         """Every worker of the job has exited: mark the deaths a shrink accounted for, and give the verdict."""
         health = self.health
         assert health is not None
         try:
-            listed = health.shrunk() if barrier == "done" else self._read_ledger()
+            listed = health.shrunk() if barrier == "done" else self._read_accounted()
         except Exception as error:  # no store, no proof: every death counts as unaccounted
             report(f"could not read which deaths a shrink accounted for ({type(error).__name__}: {error})")
             listed = ""
         health.leave(index=self._index())
-        for rank in parse_ranks(listed) & set(self.outcomes):
-            if self.outcomes[rank].failed:
-                self.outcomes[rank] = dataclasses.replace(self.outcomes[rank], shrunk=True)
-        shrunk = parse_ranks(listed)
-        replaced = [
-            dataclasses.replace(each, shrunk=each.failed and each.rank in shrunk) for each in self.replacements.ended
-        ]
+        shrunk = parse_members(listed)
+        self.outcomes = {rank: self._account(each, shrunk) for rank, each in self.outcomes.items()}
+        replaced = [self._account(each, shrunk) for each in self.replacements.ended]
         self.replacements.ended = replaced
         succeeded, self.verdict = judge([*self.outcomes.values(), *replaced])
         return WorkerState.SUCCEEDED if succeeded else WorkerState.FAILED
+
+    @staticmethod
+    def _account(outcome: WorkerOutcome, shrunk: set[str]) -> WorkerOutcome:
+        """The outcome, marked accounted for where it failed and the log's worlds left its member out as dead."""
+        return dataclasses.replace(outcome, shrunk=outcome.failed and outcome.member in shrunk)
 
     def _count_job(self) -> None:
         """The job-wide failure count, as the store holds it (the last count seen, where the store is gone)."""
@@ -327,13 +337,17 @@ class MinHealthyAgent(LocalElasticAgent):
         self._begin_round()
         while True:
             time.sleep(spec.monitor_interval)
-            state = self._check()
+            try:
+                state = self._check()
+            except DistNetworkError:  # the job's store is gone: its workers raise StoreLostError by themselves
+                self._await_exits(STORE_LOST_GRACE_S)
+                raise
             if state == "running":
                 continue
             health = self.health
             assert health is not None
             if state == "done":
-                barrier = health.exit_barrier(self.exit_barrier_timeout_s, self._read_ledger, self._index())
+                barrier = health.exit_barrier(self.exit_barrier_timeout_s, self._read_accounted, self._index())
                 if barrier == "timeout":
                     report(
                         f"the other agents' workers did not finish within {self.exit_barrier_timeout_s:g} s "
@@ -358,6 +372,14 @@ class MinHealthyAgent(LocalElasticAgent):
             self.verdict = f"failed: {below}"
             return self._result(WorkerState.FAILED)
 
+    def _await_exits(self, timeout_s: float) -> None:
+        """Wait, at most ``timeout_s``, until every worker of this node has exited by itself (their outcomes read)."""
+        deadline = time.monotonic() + timeout_s
+        while self._exits() is not None and len(self.outcomes) < len(self._worker_group.workers):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+
     def record_stop(self, verdict: str) -> None:
         """After ``run`` ended abnormally (the launcher signalled, the agent raised): note how and who was stopped."""
         self.verdict = verdict
@@ -369,32 +391,9 @@ class MinHealthyAgent(LocalElasticAgent):
         self._count_job()  # the summary counts the failures it lists
 
     def summary(self) -> str:
-        """What became of this node's workers, and the job-wide count, as the launcher prints it on exit.
-
-        Examples:
-            >>> agent = object.__new__(MinHealthyAgent)  # a finished agent, without starting one
-            >>> agent.outcomes = {0: WorkerOutcome(0, 0, 10, 0), 1: WorkerOutcome(1, 1, 11, -9, shrunk=True)}
-            >>> agent.verdict = judge(agent.outcomes.values())[1]
-            >>> agent.job_failed, agent.job_workers, agent.min_healthy, agent.restarts_used = 1, 2, 1, 0
-            >>> agent.replacements, agent.replace_dead, agent.answerer = Replacements(0), 0, NodeAnswerer(None, print)
-            >>> print(agent.summary())
-            summary: succeeded: 1 of 2 workers finished; rank 1 died by signal SIGKILL and was shrunk away
-              this node's workers (ranks 0-1):
-              rank 0: exited 0 (pid 10)
-              rank 1: died by signal SIGKILL; shrunk away (pid 11)
-              job: 1 of 2 workers failed; --min-healthy 1; restarts used: 0
-        """
-        ranks = format_ranks(list(self.outcomes))
-        lines = [f"summary: {self.verdict or 'ended'}", f"  this node's workers (ranks {ranks}):"]
-        for outcome in sorted(
-            [*self.outcomes.values(), *self.replacements.ended], key=lambda o: (o.rank, o.replacement)
-        ):
-            shrunk = "; shrunk away" if outcome.shrunk else ""
-            lines.append(f"  {outcome.name}: {outcome.describe()}{shrunk} (pid {outcome.pid})")
-        lines.append(
-            f"  job: {self.job_failed} of {self.job_workers} workers failed; --min-healthy {self.min_healthy}; "
-            f"restarts used: {self.restarts_used}"
-            + (f"; replacements started: {len(self.replacements.started)}" if self.replace_dead else "")
-            + self.answerer.said()
-        )
-        return "\n".join(lines)
+        """What became of this node's workers, and the job-wide count, as the launcher prints it on exit
+        (`hypergrid.launch.outcomes.summary`)."""
+        job = (f"  job: {self.job_failed} of {self.job_workers} workers failed; --min-healthy {self.min_healthy}; "
+               f"restarts used: {self.restarts_used}")  # fmt: skip
+        job += f"; replacements started: {len(self.replacements.started)}" if self.replace_dead else ""
+        return summary(self.verdict, [*self.outcomes.values(), *self.replacements.ended], job + self.answerer.said())

@@ -19,7 +19,7 @@ __all__ = ["NODE_WATCH_ENV", "NodeAnswerer", "NodeWatchFactory"]
 #: The environment variable that names the directory of the agent that answers the roll call for its workers.
 NODE_WATCH_ENV = "HYPERGRID_NODE_WATCH"
 
-#: What makes a round's answerer: ``(connect, ledger, directory, report)`` -> an object with ``start()`` and
+#: What makes a round's answerer: ``(connect, log, directory, report)`` -> an object with ``start()`` and
 #: ``stop()`` (``hypergrid.agreement.nodewatch.NodeWatch``).
 NodeWatchFactory = Callable[[Callable[[], Any], str, str, Callable[[str], None]], Any]
 
@@ -43,7 +43,7 @@ class NodeAnswerer:
         self.watch: Any = None  # this round's
         self.answered = 0  # roll calls the agent answered for its workers, every round's (`NodeWatch.answered`)
 
-    def begin(self, connect: Callable[[], Any], ledger: str) -> bool:
+    def begin(self, connect: Callable[[], Any], log: str) -> bool:
         """A round starts (before its workers): end the last one's, start this one's and name its directory in
         the environment the workers inherit; whether it answers for them (False: none, or it could not start)."""
         self.end()
@@ -51,7 +51,7 @@ class NodeAnswerer:
             return False
         directory = tempfile.mkdtemp(prefix="hypergrid-node-")
         try:
-            self.watch = self.factory(connect, ledger, directory, self.report)
+            self.watch = self.factory(connect, log, directory, self.report)
             self.watch.start()
         except Exception as error:  # the workers answer for themselves
             self.report(f"the agent cannot answer for its workers ({type(error).__name__}: {error}); each answers")

@@ -161,9 +161,9 @@ class HealthRound:
         """Wait until every agent's workers have exited, or a verdict; ``"done"``, ``"verdict"`` or ``"timeout"``.
 
         ``read_shrunk``: called by the last agent to arrive (every worker of the job has exited then, and every agent
-        still waits) when any worker failed; what it returns (the ledger's list of ranks that shrinks excluded) reaches
-        every agent through ``shrunk``. ``index``: this agent's place, so that an agent found dead that had arrived
-        already is not counted twice (`count_dead_agent`).
+        still waits) when any worker failed; what it returns (the members whose deaths the round's log accounts for,
+        `hypergrid.launch.memberlog`) reaches every agent through ``shrunk``. ``index``: this agent's place, so that an
+        agent found dead that had arrived already is not counted twice (`count_dead_agent`).
         """
         self._arrive(index, f"agent {index}", read_shrunk)
         try:

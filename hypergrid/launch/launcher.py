@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+from torch.distributed import DistNetworkError
 from torch.distributed.elastic import events
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.metrics import initialize_metrics
@@ -172,7 +173,7 @@ def launch(
     *,
     min_healthy: int = 1,
     exit_barrier_timeout_s: float = DEFAULT_EXIT_BARRIER_TIMEOUT_S,
-    on_death: Callable[[Any, str, list[int], int, str], object] | None = None,
+    on_death: Callable[[Any, str, list[str], int, str], object] | None = None,
     replace_dead: int = 0,
     node_watch: NodeWatchFactory | None = None,
 ) -> int:
@@ -259,6 +260,10 @@ def launch(
         close_rendezvous, code = False, 128 + int(stop.sigval)
         events.record(agent.get_event_failed(), config.event_log_handler)
         agent.record_stop(f"stopped: the launcher got {stop.sigval.name}")
+    except DistNetworkError as error:  # the job's store is gone (its host died): nothing to close, nobody to tell
+        close_rendezvous = False  # (closing it waits out torch's connect timeout, 30 s, and its retry)
+        events.record(agent.get_event_failed(), config.event_log_handler)
+        agent.record_stop(f"failed: the job's store is gone ({type(error).__name__}: {first_line(error)})")
     except Exception as error:
         events.record(agent.get_event_failed(), config.event_log_handler)
         agent.record_stop(f"failed: the agent raised {type(error).__name__}: {error}")
@@ -271,7 +276,7 @@ def launch(
 
 def main(
     argv: Sequence[str] | None = None,
-    on_death: Callable[[Any, str, list[int], int, str], object] | None = None,
+    on_death: Callable[[Any, str, list[str], int, str], object] | None = None,
     node_watch: NodeWatchFactory | None = None,
 ) -> int:
     """``python -m hypergrid.run [torchrun's flags] [--min-healthy N] SCRIPT [ARGS...]``; the exit code.

@@ -2,7 +2,7 @@
 
 A worker *finished* when it exited 0 (a rank that ``shrink`` retired exits 0
 too). One that did not finish, by a signal, a non-zero exit or an exception,
-was *accounted for* when a shrink excluded it (``hypergrid.launch.ledger``):
+was *accounted for* when a world formed without it, as dead (``hypergrid.launch.memberlog``):
 the job went on without it, as designed. The run succeeded only when every
 worker that did not finish was accounted for; any other ending fails it,
 named rank by rank.
@@ -14,7 +14,9 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["WorkerOutcome", "judge"]
+from hypergrid.values import format_ranks
+
+__all__ = ["WorkerOutcome", "judge", "summary"]
 
 #: The most characters of a worker's exception quoted in the verdict.
 _QUOTED = 200
@@ -59,6 +61,16 @@ class WorkerOutcome:
     def failed(self) -> bool:
         """It ended by itself, not with exit code 0."""
         return not self.stopped and self.exitcode != 0
+
+    @property
+    def member(self) -> str:
+        """The process as the round's log names it (`hypergrid.launch.memberlog`): ``"3"``, ``"3.1"``.
+
+        Examples:
+            >>> WorkerOutcome(3, 3, 4242, 0).member, WorkerOutcome(3, 3, 4243, 0, replacement=1).member
+            ('3', '3.1')
+        """
+        return f"{self.rank}.{self.replacement}" if self.replacement else str(self.rank)
 
     @property
     def name(self) -> str:
@@ -132,3 +144,25 @@ def judge(outcomes: Iterable[WorkerOutcome]) -> tuple[bool, str]:
         if outcome.failed:
             text += f"; {outcome.name} {outcome.brief()} and was shrunk away"
     return True, text
+
+
+def summary(verdict: str, outcomes: Iterable[WorkerOutcome], job: str) -> str:
+    """The launcher's closing lines for one node: the verdict, each worker (the round's and their replacements, by
+    rank), then ``job`` (the job-wide counts).
+
+    Examples:
+        >>> ended = [WorkerOutcome(0, 0, 10, 0), WorkerOutcome(1, 1, 11, -9, shrunk=True)]
+        >>> print(summary(judge(ended)[1], ended, "  job: 1 of 2 workers failed"))
+        summary: succeeded: 1 of 2 workers finished; rank 1 died by signal SIGKILL and was shrunk away
+          this node's workers (ranks 0-1):
+          rank 0: exited 0 (pid 10)
+          rank 1: died by signal SIGKILL; shrunk away (pid 11)
+          job: 1 of 2 workers failed
+    """
+    ordered = sorted(outcomes, key=lambda outcome: (outcome.rank, outcome.replacement))
+    ranks = format_ranks(sorted({outcome.rank for outcome in ordered}))
+    lines = [f"summary: {verdict or 'ended'}", f"  this node's workers (ranks {ranks}):"]
+    for outcome in ordered:
+        shrunk = "; shrunk away" if outcome.shrunk else ""
+        lines.append(f"  {outcome.name}: {outcome.describe()}{shrunk} (pid {outcome.pid})")
+    return "\n".join([*lines, job])

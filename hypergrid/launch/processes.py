@@ -28,7 +28,7 @@ from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined
 from torch.distributed.rendezvous import rendezvous
 
 from hypergrid.errors import BackendError, InvalidArgumentError, WorkerError, public
-from hypergrid.launch.ledger import record_uncaught_exceptions
+from hypergrid.launch.errorfile import record_uncaught_exceptions
 from hypergrid.launch.sockets import opened, snapshot, track
 from hypergrid.launch.spawned import FENCED, HOST, RETURNED, UNPICKLABLE, LauncherStreams, start_context, worker
 from hypergrid.launch.stacks import enable_stack_dumps, request_stack_dumps

@@ -1,9 +1,10 @@
 """``--replace-dead``: the agent starts a new worker in place of each one that died, and the grid grows back.
 
 A replacement runs the dead worker's command with its environment (its ``RANK`` and ``LOCAL_RANK``: the launcher's
-rank is reused) and ``HYPERGRID_ARRIVAL=1``: the script builds its grid as the others did and calls
-``grid.arrive`` instead of initializing torch.distributed (docs/elastic.md, "Growing back"). The agent holds one
-`Replacements` per round: it starts at most ``limit`` of them over the round, watches them as it watches its
+rank is reused), ``HYPERGRID_MEMBER=<rank>.<k>`` for the ``k``-th started in that rank's place (its name in the
+round's log: `hypergrid.launch.memberlog`) and ``HYPERGRID_ARRIVAL=1``: the script builds its grid as the others
+did and calls ``grid.arrive`` instead of initializing torch.distributed (docs/elastic.md, "Growing back"). The agent
+holds one `Replacements` per round: it starts at most ``limit`` of them over the round, watches them as it watches its
 workers (`exits`), and stops them with the round. docs/launcher.md ("Replacing the dead").
 """
 
@@ -15,6 +16,7 @@ import subprocess
 import time
 from typing import Any
 
+from hypergrid.launch.memberlog import MEMBER_ENV
 from hypergrid.launch.outcomes import WorkerOutcome
 
 __all__ = ["ARRIVAL_ENV", "Replacements"]
@@ -49,9 +51,9 @@ class Replacements:
         if len(self.started) >= self.limit or pcontext is None:
             return None
         command = [pcontext.entrypoint, *pcontext.args[local_rank]]
-        env = {**os.environ, **pcontext.envs[local_rank], ARRIVAL_ENV: "1"}
-        process = subprocess.Popen(command, env=env)
         count = 1 + sum(1 for started, _, _ in self.started if started == rank)
+        env = {**os.environ, **pcontext.envs[local_rank], ARRIVAL_ENV: "1", MEMBER_ENV: f"{rank}.{count}"}
+        process = subprocess.Popen(command, env=env)
         self.started.append((rank, local_rank, process.pid))
         self.running[process.pid] = (process, rank, count)
         return process.pid

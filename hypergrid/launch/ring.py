@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hypergrid.launch.ledger import parse_ranks
+from hypergrid.launch.memberlog import parse_members
 
 __all__ = ["BYE", "KEEPALIVE_INTERVAL_S", "KEEPALIVE_PROBES", "KEEPALIVE_S", "AgentRing", "local_address"]
 
@@ -199,7 +199,7 @@ class AgentRing:
                     self.report(f"node {target}'s agent did not join the agents' ring within {ADDRESS_S:g} s")
                     return "", 0, []
                 continue
-            return host, int(port), sorted(parse_ranks(listed))
+            return host, int(port), sorted(int(rank) for rank in parse_members(listed))
         return None
 
     def _follow(self, target: int, host: str, port: int) -> str:

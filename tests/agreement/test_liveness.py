@@ -474,6 +474,31 @@ def test_a_death_its_launcher_saw_during_an_open_roll_call_closes_it_without_wai
     assert {verdict.dead for verdict in verdicts.values()} == {(3,)}
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("listed", [False, True])
+def test_the_lowest_rank_its_launcher_saw_die_leaves_no_minority_behind(server: Any, listed: bool) -> None:
+    """A world of two whose rank 0 dies: the survivor alone is half, without the lowest rank, which the majority rule
+    read as the cut-off side (0.4.0: the live rank 1 fenced itself, and the job hung with its arrivals waiting). A
+    rank the agent declared dead that does not answer is on no side: rank 1 goes on, and reads rank 0 dead. The same
+    in a world of four that loses ranks 0 and 1 together (two declared, both silent)."""
+    for world, size, dead in ((72 + listed, 2, [0]), (74 + listed, 4, [0, 1])):
+        said = gone_text(dead, "died by signal SIGKILL")
+        prefix = called(server, world, size, f"{FAILURE} {'a wake' if listed else said}", gone=dead if listed else ())
+        alive = [rank for rank in range(size) if rank not in dead]
+        verdicts, _ = roll_call_answers(server, prefix, size, alive, bound=2.0)
+        assert {(verdict.kind, verdict.dead) for verdict in verdicts.values()} == {(FAILURE, tuple(dead))}, verdicts
+
+
+@pytest.mark.timeout(60)
+def test_a_declared_rank_that_answers_still_counts_toward_the_majority(server: Any) -> None:
+    """The agent's word alone moves nobody out of the count: a rank declared dead that answers is on the side it
+    answered with (an agent cut off from its neighbour by the network declares live workers). Ranks 2 and 3 of four
+    are declared; rank 3 answers; rank 0 and 1 stay silent: 2 and 3 are half without rank 0, the cut-off side."""
+    prefix = called(server, 76, 4, f"{FAILURE} {gone_text([2, 3], 'died with their agent')}")
+    verdicts, _ = roll_call_answers(server, prefix, 4, [2, 3], bound=1.0)
+    assert {verdict.kind for verdict in verdicts.values()} == {"minority"}, verdicts
+
+
 def called(server: Any, world: int, size: int, call: str, gone: Sequence[int] = ()) -> str:
     """Incident 0 of world ``world`` (``size`` ranks, all in its watch) called with ``call``, every rank woken, and
     ``gone`` listed as an agent lists a death during an open roll call; its prefix."""

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -48,6 +49,33 @@ def _run(
     reports = {rank: json.loads((out / f"rank{rank}.json").read_text()) for rank in range(size)
                if (out / f"rank{rank}.json").exists()}  # fmt: skip
     return done.returncode, done.stderr, reports
+
+
+def _knew_at_once(out: pathlib.Path, reports: dict[int, dict[str, object]], dead: list[int]) -> None:
+    """Each survivor of ``reports`` raised ``RankFailure`` naming exactly ``dead`` within `BOUND_S` of the death
+    (``out/killed``), and its shrink's grid summed over all of them."""
+    killed = float((out / "killed").read_text())
+    for rank, seen in reports.items():
+        assert seen.get("raised") == "RankFailure" and seen["dead"] == dead, (rank, seen)
+        assert float(seen["at"]) - killed < BOUND_S, (rank, float(seen["at"]) - killed)  # type: ignore[arg-type]
+        assert seen["sum"] == len(reports), (rank, seen)
+
+
+def _two_nodes(
+    place: str, out: pathlib.Path
+) -> tuple[list[threading.Thread], dict[int, tuple[int, str, dict[int, dict[str, object]]]]]:
+    """Two launchers of 2 workers each (a static rendezvous on this host; node 0 hosts the store), started; their
+    threads, and where each leaves its result."""
+    rendezvous = ["--nnodes", "2", "--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port"]
+    rendezvous.append(str(free_port()))
+    results: dict[int, tuple[int, str, dict[int, dict[str, object]]]] = {}
+    nodes = [
+        threading.Thread(target=lambda n=node: results.update({n: _run(place, 2, out, node=n, flags=rendezvous)}))
+        for node in range(2)
+    ]
+    for node in nodes:
+        node.start()
+    return nodes, results
 
 
 @pytest.mark.parametrize("place", ["create", "step", "shrink"])
@@ -120,29 +148,69 @@ def test_an_agent_sigkilled_with_its_workers_is_found_by_the_other_agent_at_once
     for them, where nothing fails. Node 0's agent finds node 1's dead through the ring, tells the survivors, counts
     node 1 as failed and arrived: it exits 0 at once, where its exit barrier waited ``--exit-barrier-timeout``
     (a day by default) before."""
-    rendezvous = ["--nnodes", "2", "--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port"]
-    rendezvous.append(str(free_port()))
-    results: dict[int, tuple[int, str, dict[int, dict[str, object]]]] = {}
-    nodes = [
-        threading.Thread(
-            target=lambda n=node: results.update({n: _run("agent", 2, tmp_path, node=n, flags=rendezvous)})
-        )
-        for node in range(2)
-    ]
-    for node in nodes:
-        node.start()
+    nodes, results = _two_nodes("agent", tmp_path)
     for node in nodes:
         node.join(110)
     (code, err, reports), (code1, _, _) = results[0], results[1]
     assert code == 0 and code1 == -signal.SIGKILL, (code, code1, err[-3000:])
-    killed = float((tmp_path / "killed").read_text())
-    for rank in (0, 1):
-        seen = reports[rank]
-        assert seen.get("raised") == "RankFailure" and seen["dead"] == [2, 3], (rank, seen)
-        assert float(seen["at"]) - killed < BOUND_S, (rank, float(seen["at"]) - killed)  # type: ignore[arg-type]
-        assert seen["sum"] == 2, (rank, seen)
+    _knew_at_once(tmp_path, {rank: reports[rank] for rank in (0, 1)}, dead=[2, 3])
     assert "worker ranks 2-3 died with their agent (node 1), found dead by node 0's agent" in err, err[-3000:]
     assert "job: 2 of 4 workers failed" in err, err[-3000:]
+
+
+def test_a_stopped_agent_holds_nobody_its_workers_answer_themselves_and_a_death_is_known_at_once(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Issue 53: two agents of 2 workers (node 0 hosts the store). Node 1's first worker SIGSTOPs its agent; node 1's
+    second worker dies 0.5 s later in a step. At 0.4.0 node 1's first worker waited for its stopped agent's relayed
+    verdict with no bound (until SIGCONT), and the others named it dead. Now it finds its agent stopped, leaves it
+    and answers its roll calls itself: every survivor, node 1's included, raises ``RankFailure`` naming exactly the
+    dead rank within the bound while the agent is still stopped, and all three shrink together. Resumed, the agent
+    finds the death accounted for: both launchers exit 0."""
+    nodes, results = _two_nodes("agentstop", tmp_path)
+    agent = tmp_path / "agent"
+    try:
+        assert eventually(lambda: all((tmp_path / f"rank{rank}.json").exists() for rank in range(3)), 60), (
+            "the survivors did not finish while node 1's agent was stopped"
+        )
+        stopped = pathlib.Path(f"/proc/{agent.read_text()}/stat").read_text().split(") ")[1][0]
+        assert stopped == "T"  # (every survivor finished while it was stopped)
+    finally:
+        if agent.exists():
+            os.kill(int(agent.read_text()), signal.SIGCONT)
+        for node in nodes:
+            node.join(110)
+    (code, err, _), (code1, err1, _) = results[0], results[1]
+    assert code == 0 and code1 == 0, (code, code1, err[-2000:], err1[-2000:])
+    _knew_at_once(tmp_path, {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1, 2)}, [3])
+    assert "rank 3: died by signal SIGKILL; shrunk away" in err1, err1[-2000:]
+    assert "answers its roll calls itself" in err1, err1[-2000:]
+
+
+def test_the_store_hosts_death_ends_the_other_node_at_once_each_worker_with_store_lost_error(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Issue 53: two agents of 2 workers; node 0's agent, the store's host, is SIGKILLed (its workers die with it)
+    while every worker waits in a ``create_pg``. Node 1 has nothing to go on with. At 0.4.0 its agent took 44-95 s to
+    exit: its node watch opened a connection to the dead store (torch's 30 s connect timeout and a retry) and its
+    rendezvous's shutdown did the same, and it stopped its workers before they could say why. Now node 1's agent
+    exits within 5 s of the kill, non-zero, its summary names the store's loss, and each worker that was not killed
+    ended with ``StoreLostError``."""
+    nodes, results = _two_nodes("hostlost", tmp_path)
+    for node in nodes:
+        node.join(110)
+    ended = time.time()
+    (code0, _, _), (code1, err1, _) = results[0], results[1]
+    killed = float((tmp_path / "killed").read_text())
+    assert code0 == -signal.SIGKILL and code1 == 1, (code0, code1, err1[-3000:])
+    assert ended - killed < 5.0, (ended - killed, err1[-3000:])
+    assert "summary: failed: the job's store is gone" in err1, err1[-3000:]
+    reports = [json.loads(path.read_text()) for path in tmp_path.glob("rank*.json")]
+    assert reports and all(seen["raised"] == "StoreLostError" for seen in reports), reports
+    assert all(float(seen["at"]) - killed < 5.0 for seen in reports), reports
+    for line in err1.splitlines():
+        if "rank 2: " in line or "rank 3: " in line:
+            assert "stopped by the launcher" not in line, err1[-3000:]  # (it let them end by themselves)
 
 
 def test_the_detection_benchmark_runs_small_and_writes_its_rows(tmp_path: pathlib.Path) -> None:

@@ -6,8 +6,12 @@
 round, where nothing fails), ``step`` (it dies in a step's all-reduce), ``shrink`` (rank N-2 dies in a step; the
 last rank dies as the survivors' shrink forms its world: it enters torch's ``init_process_group`` no more, the
 others wait there), ``stop`` (the last rank SIGSTOPs itself instead of joining the ``create_pg``: not dead to the
-agent; the probe's roll call finds it; once resumed it writes what it raised) or ``agent`` (two nodes: node 1's
-first worker SIGKILLs its agent, and node 1's workers die with it, while node 0's wait in a ``create_pg`` for them).
+agent; the probe's roll call finds it; once resumed it writes what it raised), ``agent`` (two nodes: node 1's
+first worker SIGKILLs its agent, and node 1's workers die with it, while node 0's wait in a ``create_pg`` for them),
+``hostlost`` (two nodes: node 0's first worker SIGKILLs its agent, the store's host, while every worker waits in a
+``create_pg``; node 1's workers write what they raised, then let it through) or ``agentstop`` (two nodes: node 1's
+first worker SIGSTOPs its agent and writes its pid to ``OUT/agent``; node 1's second worker dies in a step's
+all-reduce; the test resumes the agent).
 Every rank builds a ``[N]`` dp grid with production timeouts (groups 600 s, guard 300 s, ``HYPERGRID_PROBE_S`` as
 the launcher's environment says); the victim writes the time of its death to ``OUT/killed``. Each survivor writes
 ``OUT/rank<R>.json``: what it raised and when (``shrink``: when its shrink returned, and the dead it names), and the
@@ -40,13 +44,24 @@ def die(out: pathlib.Path, name: str = "killed") -> None:
 
 
 def die_with_agent(out: pathlib.Path) -> None:
-    """On node 1: its first worker SIGKILLs the agent (its parent); every worker of the node dies with it."""
+    """Its first worker SIGKILLs the agent (its parent); every worker of the node dies with it."""
     if os.environ.get("LOCAL_RANK") == "0":
-        time.sleep(0.5)  # node 0's workers wait in their create_pg by now
+        time.sleep(0.5)  # the other node's workers wait in their create_pg by now
         (out / "killed").write_text(repr(time.time()))
         os.kill(os.getppid(), signal.SIGKILL)
     time.sleep(60)  # the parent-death signal ends this
     os._exit(3)
+
+
+def stop_agent(out: pathlib.Path) -> None:
+    """On node 1: its first worker SIGSTOPs the agent (its parent), which then answers for nobody and relays nothing;
+    its second worker dies 0.5 s later in a step."""
+    if os.environ.get("LOCAL_RANK") == "0":
+        (out / "agent").write_text(str(os.getppid()))
+        os.kill(os.getppid(), signal.SIGSTOP)
+    else:
+        time.sleep(0.5)  # the others are inside the all-reduce by now
+        die(out)
 
 
 def stop_and_resume(grid: hypergrid.HyperCommGrid, out: pathlib.Path) -> int:
@@ -89,19 +104,27 @@ def main() -> int:
     if place == "agent":
         if os.environ.get("GROUP_RANK") == "1":
             die_with_agent(out)
+    elif place == "hostlost" and os.environ.get("GROUP_RANK") == "0":
+        die_with_agent(out)
+    elif place == "agentstop" and os.environ.get("GROUP_RANK") == "1":
+        stop_agent(out)
     elif place == "stop" and rank == first:
         return stop_and_resume(grid, out)
     elif rank == first:
         time.sleep(0.5)  # the others are inside the call by now
         die(out, "first" if place == "shrink" else "killed")
     try:
-        if place in ("create", "agent", "stop"):
+        if place in ("create", "agent", "stop", "hostlost"):
             grid.create_pg("dp", tag="late")  # the victim never comes
         else:
             grid.all_reduce(torch.ones(1, device=device), "dp")
         seen["error"] = "no failure"
     except hypergrid.RankFailure as failure:
         seen.update(raised=type(failure).__name__, dead=failure.dead, at=time.time(), said=str(failure)[:400])
+    except hypergrid.StoreLostError as lost:  # (no world can be re-formed: the script ends, as a user's would)
+        seen.update(raised=type(lost).__name__, at=time.time(), said=str(lost)[:400])
+        (out / f"rank{rank}.json").write_text(json.dumps(seen))
+        raise
     if place == "shrink" and rank == size - 1:
         patched: Any = recovery
         patched.reform_world = die_forming  # dies as the world forms
