@@ -8,7 +8,7 @@ PIP_TORCH_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hypergrid-installed
 
-.PHONY: demo test test-stress lint docs bench clean test-frameworks bench-frameworks test-megatron bench-megatron gpu-check
+.PHONY: demo test test-stress chaos lint docs bench clean test-frameworks bench-frameworks test-megatron bench-megatron gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,13 @@ test: lint docs
 # The stress runs `make test` leaves out; CI runs them after `make test`.
 test-stress: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -m stress tests
+
+# Random kills under python -m hypergrid.run, 30 runs of each case (benchmarks/chaos.py; about 40 minutes here):
+# prints each run and the failures with their seeds; exit 1 when any run failed. Not part of `make test`.
+CHAOS_RUNS ?= 30
+chaos: $(STAMP)
+	mkdir -p bench-results
+	$(BIN)/python benchmarks/chaos.py --runs $(CHAOS_RUNS) --json bench-results/chaos.json
 
 # The benchmarks of docs/benchmarks.md and docs/performance.md; results in bench-results/.
 bench: $(STAMP)
