@@ -42,7 +42,7 @@ test-stress: $(STAMP)
 CHAOS_RUNS ?= 30
 chaos: $(STAMP)
 	mkdir -p bench-results
-	$(BIN)/python benchmarks/chaos.py --runs $(CHAOS_RUNS) --json bench-results/chaos.json
+	$(BIN)/python benchmarks/chaos.py --runs $(CHAOS_RUNS) --json bench-results/chaos.json --logs bench-results/chaos-logs
 
 # The benchmarks of docs/benchmarks.md and docs/performance.md; results in bench-results/.
 bench: $(STAMP)

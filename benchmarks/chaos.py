@@ -1,7 +1,7 @@
 """Random kills under ``python -m hypergrid.run``, repeated: the failure promises of issue 53 as a user lives them.
 
-    python benchmarks/chaos.py [--cases resume,grow-death,two-at-once,during-growth] [--runs 30] [--seed 1]
-        [--json FILE]
+    python benchmarks/chaos.py [--cases resume,grow-death,two-at-once,during-growth,churn] [--runs 30] [--seed 1]
+        [--json FILE] [--logs DIR]
 
 Each run starts ``examples/elastic_tp_dp.py`` (tp 2 MLP blocks, Adam, float64) under the launcher in a process
 group of its own, under a hard wall-clock limit, and kills at a moment drawn from the run's seed:
@@ -12,9 +12,11 @@ group of its own, under a hard wall-clock limit, and kills at a moment drawn fro
   random point of the step.
 - ``two-at-once``: 6 workers with ``--replace-dead --max-replacements 2 --regrow``; two random workers die at the
   same point of the same step.
-- ``during-growth``: 4 workers with ``--replace-dead --max-replacements 2 --regrow``; rank 3 dies in step 3, and a
-  random survivor is SIGKILLed from outside a random 0-1.5 s after its replacement announced itself (the growth's
-  shrink runs then).
+- ``during-growth``: 6 workers with ``--replace-dead --max-replacements 2 --regrow``; rank 5 dies in step 3 (tp 2 x
+  dp 2 go on, rank 4 waits to come back), and a random other worker (rank 4 included) is SIGKILLed from outside a
+  random 0-1.5 s after rank 5's replacement announced itself (the growth's shrink runs then). A death that leaves
+  no complete replica (tp 2 x dp 1 losing a rank) is not a case: the job cannot go on, and that it ends is
+  issue 54's (today its waiting arrivals hang).
 - ``churn``: 8 workers of `benchmarks/churn_worker.py` create, use and destroy tp 2 x dp groups in a loop; one random
   worker is SIGKILLed from outside a random 0.5-8 s into it. Every survivor must raise ``RankFailure`` naming exactly
   that rank within `CHURN_BOUND_S` of the kill, none may be fenced, and each must write its result.
@@ -97,14 +99,14 @@ def plan(case: str, rng: random.Random, out: pathlib.Path) -> tuple[int, list[st
         step, point = rng.randint(2, 6), rng.choice(POINTS)
         kill = f"{first}:{step}:{point},{second}:{step}:{point}"
         return 6, grow, [str(EXAMPLE), "--regrow", "--steps", "60", "--pause", "0.15", "--kill", kill], {}
-    if case == "during-growth":
-        outside = {"after": r"^rank 3 arrives to join", "delay": rng.uniform(0, 1.5), "among": [0, 1, 2]}
-        return 4, grow, [str(EXAMPLE), "--regrow", "--steps", "60", "--pause", "0.15", "--kill", "3:3:average"], outside
+    if case == "during-growth":  # (tp 2 x dp 3: after the first death a complete replica is left whoever dies next)
+        outside = {"after": r"^rank 5 arrives to join", "delay": rng.uniform(0, 1.5), "among": [0, 1, 2, 3, 4]}
+        return 6, grow, [str(EXAMPLE), "--regrow", "--steps", "60", "--pause", "0.15", "--kill", "5:3:average"], outside
     raise ValueError(f"--cases: unknown case {case!r}; expected some of {', '.join(CASES)}")
 
 
-def one_run(case: str, seed: int) -> Run:
-    """Run ``case`` once with ``seed``; its outcome."""
+def one_run(case: str, seed: int, logs: pathlib.Path | None = None) -> Run:
+    """Run ``case`` once with ``seed``; its outcome. ``logs``: where a failed run's output and reports are kept."""
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="hypergrid-chaos-") as scratch:
         out = pathlib.Path(scratch)
@@ -134,6 +136,10 @@ def one_run(case: str, seed: int) -> Run:
     kills = " ".join(script[script.index("--kill") + 1 :][:1]) if "--kill" in script else ""
     kills += "".join(f" outside:{line.strip()}" for line in lines if line.startswith("chaos: killed"))
     why = _judge_churn(code, output, churned) if case == "churn" else _judge(code, output, reports)
+    if why and logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
+        kept = {"why": why, "reports": reports, "churned": churned}
+        (logs / f"{case}-{seed}.log").write_text(output + "\n" + json.dumps(kept, indent=1))
     final = [each for each in reports if "rank" in each]
     shape = final[0]["shape"] if final else None
     warnings = output.count("[W")
@@ -246,6 +252,7 @@ def main() -> int:
     parse.add_argument("--runs", type=int, default=30)
     parse.add_argument("--seed", type=int, default=1, help="the first run's seed; run k uses seed + k")
     parse.add_argument("--json", default="")
+    parse.add_argument("--logs", default="", help="a folder for each failed run's output (<case>-<seed>.log)")
     args = parse.parse_args()
     cases = [case for case in args.cases.split(",") if case]
     unknown = [case for case in cases if case not in CASES]
@@ -256,7 +263,7 @@ def main() -> int:
     runs: list[Run] = []
     for case in cases:
         for k in range(args.runs):
-            run = one_run(case, args.seed + k)
+            run = one_run(case, args.seed + k, pathlib.Path(args.logs) if args.logs else None)
             runs.append(run)
             mark, why = ("ok  ", "") if run.passed else ("FAIL", f"; {run.why}")
             known = "" if run.detected_s is None else f"; known in {run.detected_s} s"

@@ -106,9 +106,10 @@ def record(recovery: Recovery, regrid: Regrid) -> None:
     if regrid.rank not in (0, 1):
         return
     plan, log = recovery.last_plan, job_log(recovery.world.base_store)
-    arrivals = {rank: recovery.intake.arrivals[rank] for rank in plan.arrived} if plan is not None else {}
-    record_world(log, recovery.size, recovery.world.number, regrid.epoch, regrid.rank, regrid.old_to_new,
-                 regrid.dead, arrivals)  # fmt: skip
+    arrivals = dict(recovery.intake.arrivals) if plan is not None else {}  # (each agreed: taken in, or died)
+    dead = plan.dead if plan is not None else regrid.dead  # (the plan's: arrivals that died joining too)
+    record_world(log, recovery.size, recovery.world.number, regrid.epoch, regrid.rank, regrid.old_to_new, dead,
+                 arrivals)  # fmt: skip
 
 
 def _family_list(root: Any) -> list[Recreation]:

@@ -375,8 +375,9 @@ class MinHealthyAgent(LocalElasticAgent):
     def _await_exits(self, timeout_s: float) -> None:
         """Wait, at most ``timeout_s``, until every worker of this node has exited by itself (their outcomes read)."""
         deadline = time.monotonic() + timeout_s
-        while self._exits() is not None and len(self.outcomes) < len(self._worker_group.workers):
-            if time.monotonic() > deadline:
+        while time.monotonic() < deadline:
+            self._exits()
+            if len(self.outcomes) == len(self._worker_group.workers):
                 return
             time.sleep(0.05)
 

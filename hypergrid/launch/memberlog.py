@@ -238,8 +238,8 @@ def record_world(
         new_rank: this process's rank there (None: retired).
         old_to_new: old rank -> new rank, for every rank of the new world (arrivals numbered from the old world's
             size, `hypergrid.layout.grow.plan_regrow`).
-        dead: the old world's ranks it excluded.
-        arrivals: the old ranks of the processes taken in -> their arrival numbers.
+        dead: the ranks it excluded as dead: the old world's, and arrivals that died joining (numbered as above).
+        arrivals: the old ranks of the arrivals it considered (taken in, or dead) -> their arrival numbers.
     """
     if log is None or new_rank not in (0, 1):
         return None
@@ -251,9 +251,12 @@ def record_world(
         if world != old_epoch:
             return None
         by_arrival = arrival_members(entries)
-        new = {rank: members[old] if old < len(members) else by_arrival.get(arrivals.get(old, -1), "?")
-               for old, rank in old_to_new.items()}  # fmt: skip
-        excluded = sorted({members[rank] for rank in dead if 0 <= rank < len(members)})
+
+        def member(old: int) -> str:  # (old ranks from the old world's size on are arrivals)
+            return members[old] if old < len(members) else by_arrival.get(arrivals.get(old, -1), "?")
+
+        new = {rank: member(old) for old, rank in old_to_new.items()}
+        excluded = sorted({member(rank) for rank in dead if rank >= 0} - {"?"})
         retired = sorted(set(members) - set(new.values()) - set(excluded))
         since = next((entry.seq for entry in reversed(entries) if entry.kind == "formed"), 0)
         listed = [new[rank] for rank in sorted(new)]

@@ -76,6 +76,18 @@ def test_a_growth_names_its_arrivals_and_a_later_death_is_accounted_for(log: Mem
     assert world_of(log.entries(), 4) == (4, ["1", "2", "a1"])
 
 
+def test_an_arrival_that_dies_while_it_joins_is_accounted_for(log: MemberLog) -> None:
+    """A growth takes two arrivals in (the replacement of member 3, and member 2 that the first shrink retired);
+    member 2 dies while the world forms, and the plan's next attempt goes on without it. 0.4.0's accounting, and
+    this log's first version, listed only the old world's dead: the job recovered and the launcher exited 1."""
+    shrink(log, 4, 0, {0: 0, 1: 1}, [3])  # tp2 x dp2 -> tp2 x dp1: member 3 dead, member 2 retired
+    log.append("arrived", arrival=0, member="3.1", pid=1)
+    log.append("arrived", arrival=1, member="2", pid=2)
+    assert shrink(log, 4, 1, {0: 0, 1: 1}, [3], arrivals={2: 0, 3: 1}) == [3, 3]  # old rank 3: arrival 1
+    assert accounted(log.entries()) == {"3", "2"}
+    assert world_of(log.entries(), 4) == (2, ["0", "1"])
+
+
 def test_a_replacement_is_accounted_for_by_its_own_member_not_its_launcher_rank() -> None:
     """0.4.0 matched a replacement by launcher rank: its death after the finish line read as "shrunk away" whenever
     an earlier worker of that rank had been."""
