@@ -48,6 +48,8 @@ __all__ = [
     "format_members",
     "job_log",
     "member_id",
+    "member_name",
+    "members_of",
     "parse_members",
     "pin_member",
     "publish_liveness",
@@ -315,6 +317,16 @@ def parse_members(listed: str) -> set[str]:
     return {item.strip() for item in listed.split(",") if item.strip()}
 
 
+def member_name(rank: int, replacement: int = 0) -> str:
+    """The member the launcher started as ``rank`` (``replacement`` 0), or the ``replacement``-th in its place.
+
+    Examples:
+        >>> member_name(3), member_name(3, 1)
+        ('3', '3.1')
+    """
+    return f"{rank}.{replacement}" if replacement else str(rank)
+
+
 def members_of(ranks: Sequence[int], replacements: int) -> list[str]:
     """Every member the launcher may have started as these ranks: the workers, and up to ``replacements`` each in
     their place (an agent's death takes all of its node's).
@@ -323,4 +335,4 @@ def members_of(ranks: Sequence[int], replacements: int) -> list[str]:
         >>> members_of([2, 3], 1)
         ['2', '2.1', '3', '3.1']
     """
-    return [f"{rank}{f'.{k}' if k else ''}" for rank in ranks for k in range(replacements + 1)]
+    return [member_name(rank, k) for rank in ranks for k in range(replacements + 1)]

@@ -14,6 +14,7 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from hypergrid.launch.memberlog import member_name
 from hypergrid.values import format_ranks
 
 __all__ = ["WorkerOutcome", "judge", "summary"]
@@ -70,7 +71,7 @@ class WorkerOutcome:
             >>> WorkerOutcome(3, 3, 4242, 0).member, WorkerOutcome(3, 3, 4243, 0, replacement=1).member
             ('3', '3.1')
         """
-        return f"{self.rank}.{self.replacement}" if self.replacement else str(self.rank)
+        return member_name(self.rank, self.replacement)
 
     @property
     def name(self) -> str:

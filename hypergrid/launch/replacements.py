@@ -16,7 +16,7 @@ import subprocess
 import time
 from typing import Any
 
-from hypergrid.launch.memberlog import MEMBER_ENV
+from hypergrid.launch.memberlog import MEMBER_ENV, member_name
 from hypergrid.launch.outcomes import WorkerOutcome
 
 __all__ = ["ARRIVAL_ENV", "Replacements"]
@@ -52,7 +52,7 @@ class Replacements:
             return None
         command = [pcontext.entrypoint, *pcontext.args[local_rank]]
         count = 1 + sum(1 for started, _, _ in self.started if started == rank)
-        env = {**os.environ, **pcontext.envs[local_rank], ARRIVAL_ENV: "1", MEMBER_ENV: f"{rank}.{count}"}
+        env = {**os.environ, **pcontext.envs[local_rank], ARRIVAL_ENV: "1", MEMBER_ENV: member_name(rank, count)}
         process = subprocess.Popen(command, env=env)
         self.started.append((rank, local_rank, process.pid))
         self.running[process.pid] = (process, rank, count)
