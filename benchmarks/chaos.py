@@ -114,6 +114,8 @@ def one_run(case: str, seed: int, logs: pathlib.Path | None = None) -> Run:
         report = out / "report.jsonl"
         env = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env["HYPERGRID_STACK_DIR"] = str(out / "stacks")  # a hung run's workers dump their stacks there
+        (out / "stacks").mkdir()
         reporting = [] if case == "churn" else ["--report", str(report)]
         command = [sys.executable, "-m", "hypergrid.run", "--standalone", "--nproc-per-node", str(workers), *flags,
                    *script, *reporting]  # fmt: skip
@@ -127,12 +129,17 @@ def one_run(case: str, seed: int, logs: pathlib.Path | None = None) -> Run:
             code: int | None = launcher.wait(LIMIT_S)
         except subprocess.TimeoutExpired:
             code = None
-            _kill_all(launcher.pid)
+            _kill_all(launcher.pid, out / "stacks")
         killed.join(10)
         seconds = time.monotonic() - started
         reports = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
         churned = {int(path.stem[4:]): json.loads(path.read_text()) for path in out.glob("rank*.json")}
-    output = "".join(lines)
+        stacks = "".join(
+            f"\n--- {path.name}\n{path.read_text()}"
+            for path in sorted(out.glob("stacks/*.stack"))
+            if path.stat().st_size
+        )
+    output = "".join(lines) + stacks
     kills = " ".join(script[script.index("--kill") + 1 :][:1]) if "--kill" in script else ""
     kills += "".join(f" outside:{line.strip()}" for line in lines if line.startswith("chaos: killed"))
     why = _judge_churn(code, output, churned) if case == "churn" else _judge(code, output, reports)
@@ -177,8 +184,9 @@ def _kill_one(pid: int | None, rank: int, lines: list[str]) -> None:
         lines.append(f"chaos: rank {rank} (pid {pid}) was gone already\n")
 
 
-def _kill_all(pid: int) -> None:
-    """SIGKILL the launcher's process group and every worker below it (each worker has a session of its own)."""
+def _kill_all(pid: int, stacks: pathlib.Path) -> None:
+    """SIGKILL the launcher's process group and every worker below it (each worker has a session of its own), after
+    the workers dumped their Python stacks into ``stacks`` (``SIGUSR1``: `hypergrid.launch.stacks`)."""
     found = [pid]
     for parent in list(found):
         for task in pathlib.Path(f"/proc/{parent}/task").glob("*"):
@@ -186,6 +194,10 @@ def _kill_all(pid: int) -> None:
                 found += [int(child) for child in (task / "children").read_text().split()]
             except OSError:
                 continue
+    for each in found[1:]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signal.SIGUSR1)
+    time.sleep(2.0 if len(found) > 1 else 0.0)  # (faulthandler writes from its signal handler at once)
     for each in reversed(found):
         with contextlib.suppress(ProcessLookupError):
             os.kill(each, signal.SIGKILL)

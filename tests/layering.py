@@ -34,7 +34,12 @@ class Layer:
 
 # Lowest first: a layer may import the layers listed before it, never those after.
 LAYERS: tuple[Layer, ...] = (
-    Layer("base", ("errors", "values", "validation"), True, "the exceptions, value checks and the rule for arguments"),
+    Layer(
+        "base",
+        ("errors", "values", "validation", "timing"),
+        True,
+        "exceptions, value checks, the rule for arguments, timings",
+    ),
     Layer("layout", ("layout",), True, "rank arithmetic: spec, coordinates, families, keys, node splits, sharing"),
     Layer("cluster", ("cluster",), True, "tiers, presets, calibration, spans, the placement report's pure part"),
     Layer(

@@ -33,12 +33,11 @@ from typing import Any
 
 from hypergrid.agreement import diagnosis
 from hypergrid.agreement.liveness import FAILURE, Incident
+from hypergrid.timing import Timing
 
-__all__ = ["BEAT_S", "RELEASE", "Arrivals", "Heartbeat", "absent", "wake"]
+__all__ = ["RELEASE", "Arrivals", "Heartbeat", "absent", "wake"]
 
 PREFIX = "hypergrid/arrivals"
-#: How often an arrival's heartbeat counts up while it waits and joins.
-BEAT_S = 0.1
 #: A draft that tells an arrival the job ended without it (``release_spares``).
 RELEASE = "release"
 
@@ -161,11 +160,13 @@ def describe_arrival() -> dict[str, Any]:
 
 
 class Heartbeat:
-    """An arrival's sign of life while it waits and joins: a counter it adds to every `BEAT_S` (its own thread and
-    store connection ``link``), until `stop`."""
+    """An arrival's sign of life while it waits and joins: a counter it adds to every pulse (``timing``'s
+    `hypergrid.timing.Timing.pulse_s`; default: read from the environment) on its own thread and store connection
+    ``link``, until `stop`."""
 
-    def __init__(self, link: Any, arrival: int) -> None:
+    def __init__(self, link: Any, arrival: int, timing: Timing | None = None) -> None:
         self.link = link
+        self.timing = Timing.from_env() if timing is None else timing
         self.key = Arrivals.key("beat", arrival)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"hypergrid-arrival-{arrival}", daemon=True)
@@ -180,11 +181,11 @@ class Heartbeat:
                 self.link.add(self.key, 1)
             except RuntimeError:  # the store is gone: the job is, too
                 return
-            self._stop.wait(BEAT_S)
+            self._stop.wait(self.timing.pulse_s)
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(5.0)
+        self._thread.join(self.timing.stop_s)
 
 
 def absent(store: Any, arrivals: Sequence[int], window_s: float) -> list[int]:

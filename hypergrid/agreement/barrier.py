@@ -18,18 +18,9 @@ from typing import Any
 
 from hypergrid.agreement import diagnosis
 from hypergrid.binding.alarm import Job
+from hypergrid.timing import Timing
 
-__all__ = ["Barrier", "BarrierFailed", "Prober", "Vigil", "probe_every_s"]
-
-
-def probe_every_s(size: int) -> float:
-    """How often a waiting prober asks who is dead: ``max(0.5 s, 0.1 ms per member)``.
-
-    Examples:
-        >>> probe_every_s(8), probe_every_s(65536)
-        (0.5, 6.5536)
-    """
-    return max(0.5, size * 1e-4)
+__all__ = ["Barrier", "BarrierFailed", "Prober", "Vigil"]
 
 
 class BarrierFailed(RuntimeError):
@@ -57,6 +48,8 @@ class Barrier:
         before_ok: run by the member whose arrival completes the barrier, before it writes ``ok``: while every
             other member waits in the barrier.
         job: the job whose store this is (a lost store raises ``StoreLostError``; None: torch's error as it is).
+        timing: the world's `hypergrid.timing.Timing` (default: the defaults): the first two members ask ``probe``
+            every `hypergrid.timing.Timing.roll_bound_s` of the members while they wait.
     """
 
     def __init__(
@@ -72,6 +65,7 @@ class Barrier:
         linger: bool = False,
         before_ok: Callable[[], object] | None = None,
         job: Job | None = None,
+        timing: Timing | None = None,
     ) -> None:
         self.store = store
         self.side = side
@@ -88,6 +82,7 @@ class Barrier:
         self.position = 0  # this member's arrival order (1 for the first), once `run` counted it
         self.before_ok = before_ok
         self.job = job
+        self.timing = Timing() if timing is None else timing
 
     def run(self) -> None:
         """Reach the barrier; return once every member did, else raise `BarrierFailed` (the same on every member).
@@ -107,7 +102,7 @@ class Barrier:
             return
         prober = None
         if arrived <= 2 and self.probe is not None and self.side is not None:
-            prober = Prober(probe_every_s(len(self.members)), self.probe, self._dead_found).start()
+            prober = Prober(self.timing.roll_bound_s(len(self.members)), self.probe, self._dead_found).start()
         try:
             data = self._await()
         finally:
@@ -235,7 +230,8 @@ class Vigil:
         what: the step, as the failure names it.
         end: ``end(dead, text)`` ends the step's waits (on the watcher's thread).
         probe: runs a roll call, returns the members found dead (None: this member does not probe).
-        period_s: how often ``probe`` is asked.
+        period_s: how often ``probe`` is asked (default: `hypergrid.timing.Timing.roll_bound_s` of the members, at
+            the default settings).
     """
 
     def __init__(
@@ -245,13 +241,14 @@ class Vigil:
         what: str,
         end: Callable[[list[int], str], None],
         probe: Callable[[], Sequence[int]] | None = None,
-        period_s: float = 0.5,
+        period_s: float | None = None,
     ) -> None:
         self.watch = watch
         self.members = members
         self.what = what
         self.end = end
         self.dead: list[int] = []  # the members found dead (set once)
+        period_s = Timing().roll_bound_s(len(members)) if period_s is None else period_s
         self._prober = None if probe is None or watch is None else Prober(period_s, probe, self._found)
         self._forget: Callable[[], object] | None = None
         self._lock = threading.Lock()

@@ -20,6 +20,7 @@ from typing import Any
 import torch.distributed as dist
 
 from hypergrid.agreement.request import SHOWN, CreationRequest, Verdict
+from hypergrid.timing import FOREVER_S
 
 __all__ = [
     "ABSENT",
@@ -131,19 +132,15 @@ def roster_of(store: Any, prefix: str) -> tuple[dict[int, str], dict[str, str]]:
     return entries, requests
 
 
-#: How long a store wait that a deadline ends another way lasts: a week (torch logs every store wait that times out).
-FOREVER = datetime.timedelta(days=7)
-
-
 def wait_for(store: Any, key: str, deadline: float, stop: Callable[[], bool] | None = None, waker: Any = None) -> bool:
     """Wait until ``key`` exists (True) or ``deadline`` (``time.monotonic()``) passes (False).
 
     torch's store client can return from ``wait`` without the key when its timeout ends as another client writes: each
     return is checked. ``stop``: False as soon as it says so after a return (`read` of the absent key, from another
     connection, makes the wait return: `hypergrid.agreement.liveness.Incident.interrupt`). ``waker``: a connection other
-    than ``store``'s; the wait then does not time out (torch would log it): at the deadline a timer reads the absent key
-    through ``waker``, which ends the wait of every waiter of that key (for a key few wait on: the others look again and
-    wait on).
+    than ``store``'s; the wait then does not time out (torch would log it; it lasts `hypergrid.timing.FOREVER_S`): at
+    the deadline a timer reads the absent key through ``waker``, which ends the wait of every waiter of that key (for a
+    key few wait on: the others look again and wait on).
     """
     while (left := deadline - time.monotonic()) > 0:
         timer = None if waker is None else threading.Timer(left, _wake, (waker, key))
@@ -152,7 +149,7 @@ def wait_for(store: Any, key: str, deadline: float, stop: Callable[[], bool] | N
             timer.start()
         try:
             with contextlib.suppress(dist.DistStoreError):  # the slice ended
-                store.wait([key], FOREVER if timer is not None else datetime.timedelta(seconds=left))
+                store.wait([key], datetime.timedelta(seconds=FOREVER_S if timer is not None else left))
         finally:
             if timer is not None:
                 timer.cancel()

@@ -24,10 +24,9 @@ from hypergrid.agreement import diagnosis
 from hypergrid.agreement.barrier import Barrier, BarrierFailed
 from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.listening import ended_by_failure, failed_commit, failed_round, liveness
-from hypergrid.agreement.protocol import Round, grace_s, round_keys
+from hypergrid.agreement.protocol import Round, round_keys
 from hypergrid.agreement.request import CreationRequest, shown_ranks
 from hypergrid.agreement.world import World
-from hypergrid.binding import waiting
 from hypergrid.binding.alarm import quoted
 from hypergrid.errors import RankFailure
 
@@ -203,7 +202,7 @@ def _agree(
         progress_s,
         leftovers,
         probe,
-        waiting.probe_after_s(),
+        world.timing,
     )
     ended = ended_by_failure(
         world, lambda side: side.compare_set(f"{scope.prefix}/verdict", "", failed_round(world, what))
@@ -264,8 +263,8 @@ def settle(
     store: Any = c10d._get_default_store()
     probe, side = liveness(world, participants)
     deadline = started + timeout_s
-    what_step = f"the end of creating {what}"
-    barrier = Barrier(store, prefix, world.rank, participants, deadline, what_step, probe, side, True, job=world.job)
+    what_step, rank, job, timing = f"the end of creating {what}", world.rank, world.job, world.timing
+    barrier = Barrier(store, prefix, rank, participants, deadline, what_step, probe, side, True, job=job, timing=timing)
     failed_here = lambda side: barrier.fail(side, *failed_commit(world, f"creating {what}", participants))  # noqa: E731
     try:
         with ended_by_failure(world, failed_here):
@@ -317,7 +316,7 @@ def creation_failed(
     call (its watcher) where one runs, else the participants' own roll call
     under ``prefix``, which every survivor joins by ``started + timeout_s``
     (torch's creation is bounded by ``timeout_s``, and so is `settle`), so it
-    ends by then plus `grace_s`.
+    ends by then plus the guard's grace (`hypergrid.timing.Timing.guard_grace_s`).
     """
     store: Any = c10d._get_default_store()
     said = (
@@ -330,7 +329,8 @@ def creation_failed(
         if probe is not None:
             dead = list(probe())
         else:
-            dead = roll_call(prefix, participants, started + timeout_s + grace_s(timeout_s))
+            grace_s = world.timing.with_group_timeout(timeout_s).guard_grace_s
+            dead = roll_call(prefix, participants, started + timeout_s + grace_s)
     if ledger is not None:
         ledger.record(prefix, dead)
     who = f"rank(s) {shown_ranks(dead)} stopped answering" if dead else "every participant still answers"

@@ -6,19 +6,24 @@ A guard round (`hypergrid.agreement.protocol.Round`) and a creation's commit
 failure, the rank's watcher writes a failure outcome into that key (``compare_set``: the first outcome written
 stands), through `hypergrid.agreement.world.World.default_calls`. `liveness` is the world's roll call as these
 waits ask it. docs/design/reliability.md ("The world's verdict ends a round").
+
+torch's own waits while it creates a family's groups (a member's address, which a dead member never writes) end the
+same way: `creating` makes the default group's store interruptible for that time
+(`hypergrid.binding.interruptible.interruptible_default_store`), and the world's failure interrupts it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from hypergrid.agreement.request import failure_verdict
 from hypergrid.agreement.world import World
-from hypergrid.errors import FencedError
+from hypergrid.binding.interruptible import interruptible_default_store
+from hypergrid.errors import FencedError, RankFailure
 
-__all__ = ["ended_by_failure", "failed_commit", "failed_round", "liveness"]
+__all__ = ["creating", "ended_by_failure", "failed_commit", "failed_round", "liveness"]
 
 
 def liveness(world: World, participants: Sequence[int]) -> tuple[Callable[[], Sequence[int]] | None, Any]:
@@ -42,6 +47,29 @@ def ended_by_failure(world: World, end: Callable[[Any], object]) -> contextlib.A
         return contextlib.nullcontext()
     store = world.default_calls
     return world.alarm.listening(lambda: end(store))
+
+
+@contextlib.contextmanager
+def creating(world: World, what: str) -> Iterator[None]:
+    """While inside (torch creates groups on the world's default group), the world's failure ends torch's waits for
+    the other members with the error this rank's alarm holds (``RankFailure`` naming the dead, ``FencedError``).
+
+    Nothing where no watcher runs (a world of one, the fake backend) or the world is not torch's default group.
+    """
+    if world.watcher is None or not world.is_current():
+        yield
+        return
+    with interruptible_default_store(world.default_calls) as store:
+        if store is None:
+            yield
+            return
+
+        def end() -> None:
+            error = world.alarm.pending(what)
+            store.interrupt(RankFailure(f"{what} failed: the world failed", []) if error is None else error)
+
+        with world.alarm.listening(end):
+            yield
 
 
 def failed_round(world: World, what: str) -> str:

@@ -34,6 +34,7 @@ from hypergrid.agreement.rollkeys import (
     wake_keys,
 )
 from hypergrid.agreement.rollverdict import FAILURE, PROBE, Verdict, majority
+from hypergrid.timing import QUIET_READS, Timing
 
 __all__ = [
     "END",
@@ -57,12 +58,6 @@ __all__ = [
     "watching_enabled",
 ]
 
-#: ...at least this long per expected rank: the store serves the roll call at ~50 µs a rank.
-PER_RANK_S = 1e-4
-#: How much longer than the first two answers the others wait before they close a roll call themselves.
-BACKUP_S = 5.0
-#: A closer's reads of the answer count per bound (or wake's length) while it waits for the answers to stop.
-QUIET_READS = 10
 #: Wake keys per ``multi_set``: torch 2.13's server parses one in time quadratic in its keys (docs/design/rollcall.md).
 MULTI_SET_KEYS = 256
 
@@ -78,9 +73,13 @@ def bound_s(ranks: int, liveness_s: float | None = None) -> float:
         >>> bound_s(8, 0.5), bound_s(131072, 0.5)
         (0.5, 13.1072)
     """
-    if liveness_s is None:  # read at each roll call: a forkserver worker imported this before its call's environment
-        liveness_s = float(os.environ.get("HYPERGRID_LIVENESS_S", "0.5"))
-    return max(liveness_s, ranks * PER_RANK_S)
+    return _timing(liveness_s).roll_bound_s(ranks)
+
+
+def _timing(liveness_s: float | None) -> Timing:
+    """The roll call's `Timing`: the environment's, read at each roll call (a forkserver worker imported this before
+    its call's environment), or ``liveness_s`` as given."""
+    return Timing.from_env() if liveness_s is None else Timing(liveness_s=liveness_s)
 
 
 class Incident:
@@ -178,7 +177,7 @@ class Incident:
         The deadline: ``liveness_s`` after the caller's ``I/woken`` and after the last answer (`_settle`), at the
         latest as long again as the wake took, and at the latest `bound_s` after ``seen`` (``time.monotonic()``, when
         this rank saw the call: the fallback where the caller died while it woke the others). The first two ranks
-        to answer close it; the others wait `BACKUP_S` past the fallback and close it only if both of those died.
+        to answer close it; the others wait `Timing.backup_s` past the fallback and close it only if both of those died.
         """
         kind, _, text = call.partition(" ")
         fallback = seen + bound_s(len(self.expected), liveness_s)
@@ -186,7 +185,7 @@ class Incident:
             diagnosis.wait_for(self.store, self.key("woken"), fallback, self.stop, self.waker)
             return None if self.stop() else self._publish(Verdict(kind, self.gone, said_of(text)))
         if self._first > 2 or not self._order:
-            until = fallback + BACKUP_S
+            until = fallback + _timing(liveness_s).backup_s
         elif diagnosis.wait_for(self.store, self.key("woken"), fallback, self.stop, self.waker):
             until = self._settle(seen, fallback, bound_s(0, liveness_s))  # (the bound alone: no per-rank part)
         else:
@@ -340,7 +339,6 @@ def world_keys(world: int) -> list[str]:
 
 #: The watch's count while its last live member deletes its keys: a join that meets it waits for them to go.
 CLOSING = -(2**40)
-CLOSING_POLL_S = 0.005
 
 
 def record_member(store: Any, world: int, rank: int, joined: bool, dead: int = 0) -> int:
@@ -362,7 +360,7 @@ def record_member(store: Any, world: int, rank: int, joined: bool, dead: int = 0
         return count
     while (count := int(store.add(count_key, 1))) < 0:  # a deletion of the watch's keys is under way
         while (data := diagnosis.read(store, count_key)) is not None and int(data) < 0:
-            time.sleep(CLOSING_POLL_S)
+            time.sleep(Timing.from_env().closing_poll_s)  # (a few ms: the deletion is 4 requests)
     store.append(members_key(world), f"+{rank}\n")
     return count
 

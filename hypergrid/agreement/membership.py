@@ -26,21 +26,12 @@ from hypergrid.agreement.barrier import Prober
 from hypergrid.agreement.liveness import majority
 from hypergrid.binding.alarm import Job
 from hypergrid.errors import DesyncError, FencedError, RankFailure
+from hypergrid.timing import FOREVER_S, Timing
 from hypergrid.values import format_ranks
 
-__all__ = ["MembershipRound", "Proposal", "call_key", "probe_period_s", "release_key", "wait_for_call"]
+__all__ = ["MembershipRound", "Proposal", "call_key", "release_key", "wait_for_call"]
 
 PREFIX = "hypergrid/elastic"
-
-
-def probe_period_s(participants: int) -> float:
-    """How often a waiting prober asks the liveness probe: ``max(1 s, 0.1 ms per participant)``.
-
-    Examples:
-        >>> probe_period_s(8), probe_period_s(131072)
-        (1.0, 13.1072)
-    """
-    return max(1.0, participants * 1e-4)
 
 
 def round_prefix(epoch: int) -> str:
@@ -92,13 +83,11 @@ class Proposal:
         return cls(tuple(dead), policy, dim, families)
 
 
-def wait_for_call(
-    store: Any, epoch: int, slice_s: float = 7 * 24 * 3600.0, gone: Callable[[], None] | None = None
-) -> str:
+def wait_for_call(store: Any, epoch: int, slice_s: float = FOREVER_S, gone: Callable[[], None] | None = None) -> str:
     """Block until the round of ``epoch`` is called; return the call (``shrink ...`` or ``release``).
 
-    One blocking ``wait`` (a week long: it never times out in practice, and torch logs every store wait that
-    does), then one read. A wait that returns without the call (this process was stopped while the call was
+    One blocking ``wait`` (a day long, `hypergrid.timing.FOREVER_S`: it rarely times out, and torch logs every store
+    wait that does), then one read. A wait that returns without the call (this process was stopped while the call was
     written and deleted: it resumes now; or a read of the absent key woke it) runs ``gone``, which raises if this
     rank was left behind (a spare the others declared dead), before the wait goes on.
     """
@@ -129,6 +118,8 @@ class MembershipRound:
         probe: the world's liveness probe: runs a roll call, returns every rank found dead so far.
         side: a store connection the probing thread may use while this rank's is blocked (needed with ``probe``).
         job: the job whose store this is (a lost store raises ``StoreLostError``).
+        timing: the world's `hypergrid.timing.Timing` (default: the defaults): the first two waiting survivors
+            probe every `hypergrid.timing.Timing.round_probe_s` of the expected ranks.
     """
 
     def __init__(
@@ -142,8 +133,10 @@ class MembershipRound:
         probe: Callable[[], Sequence[int]] | None = None,
         side: Any = None,
         job: Job | None = None,
+        timing: Timing | None = None,
     ) -> None:
         self.job = Job(store) if job is None else job
+        self.timing = Timing() if timing is None else timing
         self.store = store
         self.prefix = prefix
         self.rank = rank
@@ -199,7 +192,7 @@ class MembershipRound:
         """On the others: wait for the verdict (the first two probe liveness meanwhile), else judge from the roster."""
         prober = None
         if self._counted <= 2 and self.probe is not None and self.side is not None:
-            prober = Prober(probe_period_s(len(self.expected)), self.probe, self._dead_found).start()
+            prober = Prober(self.timing.round_probe_s(len(self.expected)), self.probe, self._dead_found).start()
         try:
             # (a wake without the verdict, once the roster is gone too: the round ended without this rank)
             stop = lambda: self.stop() or not self.store.check([self._roster])  # noqa: E731

@@ -31,17 +31,12 @@ from hypergrid.agreement import diagnosis
 from hypergrid.agreement.liveness import END, Incident, bound_s, ended_ranks, incident_prefix, wake_key
 from hypergrid.agreement.relay import CONTROL, runs, send
 from hypergrid.binding.alarm import is_store_loss
+from hypergrid.launch.memberlog import MemberLog, dead_ranks
+from hypergrid.timing import FOREVER_S, Timing
 
-__all__ = ["PULSE_WINDOW_S", "Follow", "NodeWatch"]
+__all__ = ["Follow", "NodeWatch"]
 
 LOGGER = logging.getLogger("hypergrid")
-
-#: A worker whose pulse (`hypergrid.agreement.relay.PULSE_S`) is older than this is not answered for.
-PULSE_WINDOW_S = 2.0
-#: How long one ``wait`` of a follow lasts (it waits again; a halt wakes it before).
-SLICE_S = 24 * 3600.0
-#: How long a follow waits for the workers to publish where their roll calls live (the log's cell ``liveness``).
-PREFIX_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -51,13 +46,14 @@ class Member:
     pid: int
     path: str
 
-    def answers(self, window_s: float = PULSE_WINDOW_S) -> bool:
+    def answers(self, window_s: float | None = None) -> bool:
         """Whether the agent answers for it: its process runs (not stopped, not a zombie: ``/proc``) and its pulse
-        is younger than ``window_s``."""
+        is younger than ``window_s`` (default: `Timing.pulse_window_s`)."""
         if not runs(self.pid):  # (gone: its FIFO stays, nobody unlinked it)
             return False
         try:
-            return time.time() - os.stat(self.path).st_mtime <= window_s
+            window = Timing.from_env().pulse_window_s if window_s is None else window_s
+            return time.time() - os.stat(self.path).st_mtime <= window
         except OSError:  # its FIFO went: it left
             return False
 
@@ -181,10 +177,11 @@ class NodeWatch:
             raw = self.connect()
             if self._prefix is None:
                 key = f"{self.log}liveness"
-                deadline = time.monotonic() + PREFIX_TIMEOUT_S
+                waited = Timing.from_env().publish_timeout_s
+                deadline = time.monotonic() + waited
                 while not self.stopped and not raw.check([key]):
                     if time.monotonic() > deadline:
-                        raise RuntimeError(f"the workers never published {key!r} in {PREFIX_TIMEOUT_S:g} s")
+                        raise RuntimeError(f"the workers never published {key!r} in {waited:g} s")
                     time.sleep(0.05)
                 self._prefix = raw.get(key).decode()
         return dist.PrefixStore(self._prefix[:-1], raw) if self._prefix else raw  # type: ignore[attr-defined]
@@ -222,7 +219,7 @@ class Follow:
     def __init__(self, watch: NodeWatch, world: int, size: int) -> None:
         self.watch = watch
         self.world = world
-        self.expected = list(range(size))
+        self.size, self.expected = size, list(range(size))
         self.number = -1  # the incident it waits on (set by the first join)
         self.members: dict[int, Member] = {}
         self.ended = self.stopped = False
@@ -230,13 +227,16 @@ class Follow:
         self.side: Any = None  # the thread's short calls (a torch client serves one thread at a time)
         self.incident: Incident | None = None
         self.waiting = ""  # the wake key the thread waits on
+        self.log_read: MemberLog | None = None  # the round's log, as the thread read it (`_declare`)
         self._lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name=f"hypergrid-node-follow-{world}", daemon=True)
 
     def add(self, rank: int, member: Member, first: int) -> int:
         """``rank`` joins (its watcher waits from incident ``first`` on, the one after ``done`` as it read it); the
         incident the follow waits on. A join whose ``first`` is ahead (an incident closed since the follow began
-        waiting) moves an idle follow past it."""
+        waiting) moves an idle follow past it. A join into the incident the follow answers now (for the members it
+        had then) is answered at once: the roll call counts the rank from its join on, and would find it silent."""
+        late = None
         with self._lock:
             self.members[rank] = member
             if self.number < 0:
@@ -244,7 +244,13 @@ class Follow:
             elif first > self.number and self.incident is None:
                 self.number = first
                 self._wake()
-            return self.number
+            elif self.incident is not None and first <= self.incident.number:
+                late = self.incident
+            number = self.number
+        if late is not None:
+            prefix, expected = late.prefix, late.expected
+            self.watch.wake(lambda connection: Incident(connection, prefix, rank, expected).answer())
+        return number
 
     def remove(self, rank: int) -> bool:
         """``rank`` left the world (its watcher stopped): no longer answered for; whether none is left."""
@@ -283,7 +289,7 @@ class Follow:
                 if not ranks:
                     break
                 with contextlib.suppress(dist.DistStoreError):  # (the slice ended: it waits again)
-                    self.store.wait([self.waiting], datetime.timedelta(seconds=SLICE_S))
+                    self.store.wait([self.waiting], datetime.timedelta(seconds=FOREVER_S))
                     if not self.stopped and number == self.number and not self._handle(number):
                         break
         except RuntimeError as error:  # the store is gone (the job is over), or never expected
@@ -303,17 +309,19 @@ class Follow:
         """Answer incident ``number`` for the members that answer, relay its outcome to every member; False once
         none is left (the world ended, the members were fenced or left)."""
         seen = time.monotonic()
-        with self._lock:
+        with self._lock:  # (with the incident set: a member that joins from now on is answered by `add`)
             members, expected = dict(self.members), list(self.expected)
-        if not members:  # every worker left while it waited
-            return False
-        answering = [rank for rank, member in members.items() if member.answers()]
-        incident = Incident(self.store, incident_prefix(self.world, number), min(members), expected, answering)
+            if not members:  # every worker left while it waited
+                return False
+            window = Timing.from_env().pulse_window_s
+            answering = [rank for rank, member in members.items() if member.answers(window)]
+            incident = Incident(self.store, incident_prefix(self.world, number), min(members), expected, answering)
+            self.incident = incident
         incident.stop, incident.waker = (lambda: self.stopped), self.side
-        self.incident = incident
         call = incident.answer()
         if answering and call is not None and not call.startswith(END):
             self.watch.count_answer()
+            self._declare(incident, expected)
         if call is None:  # a halt's or a neighbour's wake, or the others finished this incident without the node
             self.incident = None
             return self._unanswered(incident)
@@ -341,6 +349,16 @@ class Follow:
             for rank in gone:
                 self.members.pop(rank, None)
             return bool(self.members)
+
+    def _declare(self, incident: Incident, expected: list[int]) -> None:
+        """Declare gone in this roll call the ranks the round's log records dead (`dead_ranks`): one decision path,
+        whichever incident the agent's announcement went into (one the others never looked at, where every rank
+        had left the watch between two grids, and joined it again from incident 0). One check without news."""
+        if self.log_read is None:
+            self.log_read = MemberLog(self.side, self.watch.log)
+        gone = set(dead_ranks(self.log_read.entries(), self.world, self.size)) & set(expected)
+        if gone - set(incident.gone):
+            self.side.append(incident.key("gone"), "".join(f"{rank}\n" for rank in sorted(gone)))
 
     def _unanswered(self, incident: Incident) -> bool:
         """Woken without a call: wait again, unless the world went on without the node (its members are fenced)."""

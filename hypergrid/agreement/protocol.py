@@ -26,30 +26,12 @@ from hypergrid.agreement.request import (
     shown_ranks,
     timeout_verdict,
 )
+from hypergrid.timing import Timing
 
-__all__ = ["LOGGER", "PROBE_S", "Round", "grace_s", "probe_s", "round_keys"]
+__all__ = ["LOGGER", "Round", "round_keys"]
 
 #: The logger of the progress lines (``logging.getLogger("hypergrid")``).
 LOGGER = logging.getLogger("hypergrid")
-
-#: The first probe of an open round comes after `probe_s` seconds: at least this long.
-PROBE_S = 1.0
-#: ...or this long per participant, so that a large round that is merely busy is not probed.
-PROBE_PER_PARTICIPANT_S = 1e-4
-
-
-def probe_s(participants: int, timeout_s: float) -> float:
-    """When the first to arrive first probes an open round: max(1 s, 0.1 ms per participant), at most timeout / 4.
-
-    A round's success path costs the store about 50 µs per participant (7
-    operations), so a round this late is either stuck or ten times slower than
-    it should be.
-
-    Examples:
-        >>> probe_s(8, 300.0), probe_s(131072, 300.0), probe_s(8, 2.0)
-        (1.0, 13.1072, 0.5)
-    """
-    return min(max(PROBE_S, participants * PROBE_PER_PARTICIPANT_S), timeout_s / 4)
 
 
 def round_keys(prefix: str) -> list[str]:
@@ -57,16 +39,6 @@ def round_keys(prefix: str) -> list[str]:
     names = ("arrived", "roster", "verdict", "alive", "alive-count", "alive-done", "released", "count", "read",
              "commit/count", "commit/verdict", "commit/read", "commit/released")  # fmt: skip
     return [f"{prefix}/{name}" for name in names]
-
-
-def grace_s(timeout_s: float) -> float:
-    """How long past its timeout a participant waits for another's verdict: max(2 s, timeout / 4), at most 60 s.
-
-    Examples:
-        >>> grace_s(1.0), grace_s(60.0), grace_s(3600.0)
-        (2.0, 15.0, 60.0)
-    """
-    return min(max(2.0, timeout_s / 4), 60.0)
 
 
 class Round:
@@ -89,10 +61,13 @@ class Round:
         progress_s: how often to log a progress line while waiting.
         stale: prefixes of earlier rounds (failed) whose keys the decider deletes.
         liveness: the world's roll call (every rank it found dead so far), where a watcher runs: a waiting
-            participant asks it after ``liveness_s`` (then twice as long, and so on), so a peer stopped or cut off
+            participant asks it after the probe (then twice as long, and so on), so a peer stopped or cut off
             is found as in a collective (its verdict ends the round, `hypergrid.agreement.guard.agree`), and a
             timeout never names dead a missing rank that it finds alive.
-        liveness_s: when a waiting participant first asks ``liveness``.
+        timing: the world's `hypergrid.timing.Timing` (default: the defaults), with ``timeout_s`` as its group
+            timeout: when the first participant of each request probes the round
+            (`hypergrid.timing.Timing.guard_probe_s`), when a waiting one first asks ``liveness`` (the probe), how
+            long past the timeout one waits for another's verdict (`hypergrid.timing.Timing.guard_grace_s`).
     """
 
     def __init__(
@@ -106,7 +81,7 @@ class Round:
         progress_s: float = 30.0,
         stale: Sequence[str] = (),
         liveness: Callable[[], Sequence[int]] | None = None,
-        liveness_s: float = 30.0,
+        timing: Timing | None = None,
     ) -> None:
         self.store = store
         self.prefix = prefix
@@ -118,7 +93,7 @@ class Round:
         self.progress_s = progress_s
         self.stale = tuple(stale)
         self.liveness = liveness
-        self.liveness_s = liveness_s
+        self.timing = (Timing() if timing is None else timing).with_group_timeout(timeout_s)
         self._count_key = f"{prefix}/count/{request.digest}"
         self._roster_key = f"{prefix}/roster"
         self._verdict_key = f"{prefix}/verdict"
@@ -189,12 +164,12 @@ class Round:
         another client writes) is taken for what it is: the wait goes on.
         """
         start = self._started
-        probe_after = probe_s(self.size, self.timeout_s)
+        probe_after = self.timing.guard_probe_s(self.size)
         next_line = start + min(self.progress_s, self.timeout_s / 4)
         next_announce = start + probe_after / 2 if progress else float("inf")
         first = self._counted == 1  # the first of each request probes
         next_probe = start + probe_after if first and progress else float("inf")
-        ask_after = self.liveness_s
+        ask_after = self.timing.probe_s
         next_ask = start + ask_after if progress and self.liveness is not None else float("inf")
         while True:
             now = time.monotonic()
@@ -310,7 +285,7 @@ class Round:
 
     def _follow(self) -> Verdict:
         """Everyone arrived but no verdict came: wait a grace for it; else the roll call names who stopped."""
-        verdict = self._wait(time.monotonic() + grace_s(self.timeout_s), progress=False)
+        verdict = self._wait(time.monotonic() + self.timing.guard_grace_s, progress=False)
         if verdict is None:
             alive = diagnosis.alive_of(self.store, self.prefix)
             verdict = self._timed_out([], [rank for rank in self.participants if rank not in alive])
@@ -329,7 +304,7 @@ class Round:
             dead = set(self.liveness())
             answering = [rank for rank in self.participants if rank not in dead]
             if dead & ({*missing, *silent}):
-                found = self._wait(time.monotonic() + grace_s(self.timeout_s), progress=False)
+                found = self._wait(time.monotonic() + self.timing.guard_grace_s, progress=False)
                 if found is not None:
                     return found
         verdict = timeout_verdict(

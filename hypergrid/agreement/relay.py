@@ -6,7 +6,7 @@ There, each watcher of a worker (one per world) makes a FIFO named ``<world>.<ra
 joined (a line on the agent's FIFO, `CONTROL`), and from then on reads its roll calls' outcomes from its FIFO
 instead of answering on the store: the agent (`hypergrid.agreement.nodewatch.NodeWatch`) answers for every worker
 of its node with one request of each kind, and relays each verdict. While it watches, a thread of the worker
-touches the FIFO's modification time every `PULSE_S` (its *pulse*): a worker whose pulse stopped (an interpreter
+touches the FIFO's modification time every `Timing.pulse_s` (its *pulse*): a worker whose pulse stopped (an interpreter
 that holds its lock in a C call) or that is stopped (``T`` in ``/proc``) is not answered for, as a watcher thread
 that cannot run does not answer. Messages are JSON lines (`send`: one longer than ``PIPE_BUF`` goes in pieces; a
 line torn by a writer that gave up on a full FIFO is skipped).
@@ -28,19 +28,12 @@ from typing import Any
 
 from hypergrid.agreement.rollverdict import Verdict
 from hypergrid.binding.alarm import Job
+from hypergrid.timing import Timing
 
-__all__ = ["AGENT_CHECK_S", "CONTROL", "PULSE_S", "Relay", "runs", "send"]
+__all__ = ["CONTROL", "Relay", "runs", "send"]
 
 #: The agent's own FIFO in that directory: the workers' joins and leaves.
 CONTROL = "agent"
-#: How often a watching worker touches its FIFO (its pulse).
-PULSE_S = 0.1
-#: How long a message waits for room in a FIFO whose reader is slow (a longer line goes in pieces).
-SEND_S = 1.0
-#: How long a worker waits for the agent to acknowledge its join before it answers for itself.
-JOIN_TIMEOUT_S = 10.0
-#: How often a worker that waits on its agent looks whether the agent still runs (``/proc``: `runs`).
-AGENT_CHECK_S = 0.25
 
 
 def runs(pid: int) -> bool:
@@ -60,13 +53,14 @@ def runs(pid: int) -> bool:
 
 def send(path: str, message: dict[str, Any]) -> bool:
     """Write one message (a JSON line) to the FIFO at ``path`` without blocking for long; whether it went (False:
-    nobody reads it, or its buffer stayed full for `SEND_S`: a reader stopped for long, which skips the torn line)."""
+    nobody reads it, or its buffer stayed full for `Timing.send_s`: a reader stopped for long, which skips the
+    torn line)."""
     line = memoryview((json.dumps(message, separators=(",", ":")) + "\n").encode())
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
     except OSError:  # ENXIO: no reader; ENOENT: gone
         return False
-    deadline = time.monotonic() + SEND_S
+    deadline = time.monotonic() + Timing.from_env().send_s
     try:
         while line:  # (a line longer than PIPE_BUF may go in pieces)
             try:
@@ -94,6 +88,7 @@ class Relay:
         self.directory = directory
         self.world, self.rank, self.size = world, rank, size
         self.agent = os.getppid() if agent is None else agent  # (the agent started this worker)
+        self.timing = Timing.from_env()
         self.path = os.path.join(directory, f"{world}.{rank}.{os.getpid()}")
         os.mkfifo(self.path, 0o600)
         self._descriptor = os.open(self.path, os.O_RDWR)  # (never blocks, and keeps a writer: no end of file)
@@ -114,16 +109,16 @@ class Relay:
             logging.getLogger("hypergrid").warning("hypergrid: no relay from the node's agent (%s)", error)
             return None
 
-    def join(self, first: int, timeout_s: float = JOIN_TIMEOUT_S) -> int | None:
+    def join(self, first: int, timeout_s: float | None = None) -> int | None:
         """Ask the agent to answer for this rank from incident ``first`` on; the incident it waits on (its
         acknowledgement), or None where it did not answer within ``timeout_s`` (the watcher answers for itself)."""
         self._pulse.start()
         message = {"join": [self.world, self.rank, self.size, first], "pid": os.getpid(), "path": self.path}
         if not send(os.path.join(self.directory, CONTROL), message):
             return None
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + (self.timing.connect_s if timeout_s is None else timeout_s)
         while (left := deadline - time.monotonic()) > 0 and runs(self.agent):
-            got = self.receive(min(left, AGENT_CHECK_S))
+            got = self.receive(min(left, self.timing.agent_check_s))
             if got is not None and "ack" in got:
                 return int(got["ack"])
         return None
@@ -156,12 +151,12 @@ class Relay:
         world's end, ``fence(reason)`` where the agent found the others went on without this rank, and the job's
         store lost (``job.lose_store``) where the agent lost it: every grid wait ends with ``StoreLostError``.
 
-        No wait on the agent is unbounded: every `AGENT_CHECK_S` without a message, the agent's process is looked
+        No wait on the agent is unbounded: every `Timing.agent_check_s` without a message, the agent's process is looked
         at; one stopped (SIGSTOP) or gone answers for nobody, so the rank leaves it (`release`: its FIFO goes, so an
         agent resumed later does not answer for it too) and answers its roll calls itself from the incident it
-        waits on: within about `AGENT_CHECK_S` it is neither blocked nor named dead for its agent's sake.
+        waits on: within about that long it is neither blocked nor named dead for its agent's sake.
         """
-        while (message := self.receive(AGENT_CHECK_S)) is not None or not self._closed.is_set():
+        while (message := self.receive(self.timing.agent_check_s)) is not None or not self._closed.is_set():
             if message is None:
                 if runs(self.agent):
                     continue
@@ -235,7 +230,7 @@ class Relay:
             os.close(self._descriptor)
 
     def _beat(self) -> None:
-        while not self._closed.wait(PULSE_S):
+        while not self._closed.wait(self.timing.pulse_s):
             try:
                 os.utime(self.path)
             except OSError:  # the agent's directory went (its round ended): nobody reads the pulse

@@ -34,10 +34,12 @@ def announce_death(store: Any, log_prefix: str, members: Sequence[str], size: in
         size: the job's first world's size (every world after it is in the log).
         said: how they died, for the verdict's text.
 
-    Nothing is called (False) before the workers published their prefix (no grid yet: nothing to tell), or where
-    none of the members is in the current world (a shrink left them out already, or they never joined). Where a
-    roll call is open already, the ranks are listed in its ``I/gone`` instead: its closers close without waiting for
-    them, and its verdict names them dead. The death is an entry of the log too (``dead``).
+    The death is first an entry of the log (``dead``, where a member is in the current world): that is the verdict,
+    which every later roll call of the world declares (the agents' follows: `hypergrid.agreement.nodewatch`), so a
+    death before the workers published their prefix (no grid yet), or a call into an incident nobody looks at, is
+    still known. Nothing is called (False) before that prefix, or where none of the members is in the current world
+    (a shrink left them out already). Where a roll call is open already, the ranks are listed in its ``I/gone``
+    instead: its closers close without waiting for them, and its verdict names them dead.
 
     Examples:
         >>> import torch.distributed as dist
@@ -49,17 +51,17 @@ def announce_death(store: Any, log_prefix: str, members: Sequence[str], size: in
         (True, b'failure [gone 3] rank 3 died by signal SIGKILL (seen by its launcher)')
     """
     log = MemberLog(store, log_prefix)
-    prefix = log.read_cell("liveness")
-    if prefix is None:
-        return False
     epoch, ranks = world_of(log.entries(), size)
     gone = sorted(rank for rank, member in enumerate(ranks) if member in set(members))
     if not gone:
+        return False
+    log.append("dead", members=[ranks[rank] for rank in gone], said=said, world=epoch)  # the verdict, first
+    prefix = log.read_cell("liveness")
+    if prefix is None:
         return False
     workers: Any = log.store if not prefix else dist.PrefixStore(prefix[:-1], log.store)  # type: ignore[attr-defined]
     text = gone_text(gone, f"rank{'s' if len(gone) > 1 else ''} {format_ranks(gone)} {said} (seen by its launcher)")
     incident = Incident.next_of(workers, epoch)
     if incident.call(FAILURE, text, range(len(ranks))) != f"{FAILURE} {text}":  # a roll call was open: join it
         workers.append(incident.key("gone"), "".join(f"{rank}\n" for rank in gone))  # (read by its closers)
-    log.append("dead", members=[ranks[rank] for rank in gone], said=said, world=epoch)  # (after the call: no delay)
     return True

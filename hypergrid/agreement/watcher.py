@@ -40,15 +40,11 @@ from hypergrid.agreement.liveness import (
 )
 from hypergrid.agreement.relay import Relay
 from hypergrid.binding.alarm import Job, is_store_loss
+from hypergrid.timing import FOREVER_S, Timing
 
 __all__ = ["Verdict", "Watcher", "watching_enabled"]
 
 LOGGER = logging.getLogger("hypergrid")
-
-#: How long one ``wait`` of the watcher lasts (a week: it never times out in practice; torch would log it).
-SLICE_S = 7 * 24 * 3600.0
-#: How long past the roll call's bound a reporter waits for its watcher's verdict.
-_GRACE_S = 2.0
 
 
 class Watcher:
@@ -173,15 +169,17 @@ class Watcher:
 
     def leave(self) -> None:
         """This rank's process ends normally: once an incident it answered has its verdict (its read counted, else
-        the incident's keys stay; at most the roll call's bound and `_GRACE_S`), say so (it is not dead), then stop."""
+        the incident's keys stay; at most the roll call's bound and its grace), say so (it is not dead), then stop:
+        until the watch no longer lists it, it is answered for (by its thread, or the agent through the relay)."""
         if self.stopped or self.fenced:
             return
-        deadline = time.monotonic() + bound_s(len(self.expected), self.liveness_s) + _GRACE_S
+        deadline = time.monotonic() + bound_s(len(self.expected), self.liveness_s) + Timing.from_env().report_grace_s
         while self._incident is not None and self._thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.005)  # (with a relay, none: the agent reads for this rank)
-        self.stop()
+        self.joined = False  # (from now on its absence from the watch is its own leave: no fence)
         with contextlib.suppress(RuntimeError):  # the store is gone already: the job is over
             record_member(self.side, self.world, self.rank, joined=False, dead=len(self.dead))
+        self.stop()
 
     def end_world(self, dead: Sequence[int], size: int) -> None:
         """This rank's world of ``size`` ranks ended (``shrink`` moved its live ranks on, ``dead`` left behind).
@@ -247,7 +245,7 @@ class Watcher:
         """One blocking wait on the wake key (set by a call written before the wait: kept), then the incident; False
         once the thread ends: a close's wake (`halt`), this rank's own call (`depart`: it is dead), or `_handle`."""
         with contextlib.suppress(dist.DistStoreError):  # (the slice ended first: it waits again)
-            self.store.wait([wake_key(self.world, self.number, self.rank)], datetime.timedelta(seconds=SLICE_S))
+            self.store.wait([wake_key(self.world, self.number, self.rank)], datetime.timedelta(seconds=FOREVER_S))
             return not self.stopped and self._handle(incident_prefix(self.world, self.number))
         return True
 
@@ -379,8 +377,8 @@ class Watcher:
             )
 
     def _await(self, number: int) -> Verdict | None:
-        """Incident ``number``'s verdict, once the thread read it; None past the roll call's bound and `_GRACE_S`."""
-        deadline = time.monotonic() + bound_s(len(self.expected), self.liveness_s) + _GRACE_S
+        """Incident ``number``'s verdict, once the thread read it; None past the roll call's bound and its grace."""
+        deadline = time.monotonic() + bound_s(len(self.expected), self.liveness_s) + Timing.from_env().report_grace_s
         with self._changed:
             while number not in self.verdicts and not self.fenced and not self.stopped:
                 left = deadline - time.monotonic()

@@ -45,16 +45,10 @@ from hypergrid.binding.failures import sever_torch_groups
 from hypergrid.errors import GridReplacedError, NotInitializedError
 from hypergrid.launch import sockets
 from hypergrid.launch.memberlog import publish_liveness
+from hypergrid.timing import Timing
 
 __all__ = ["CLOSED", "OPEN", "REPLACED", "World"]
 
-#: How long `World.close` waits for the woken watcher thread to end.
-JOIN_S = 5.0
-#: How long a process that hosts the job's store (rank 0 under a plain ``env://``) waits at its exit for the other
-#: ranks to leave the world (`World.linger`): its store dies with it, under their watchers.
-HOST_EXIT_S = 30.0
-#: How often it looks.
-HOST_POLL_S = 0.05
 #: A world's states (`World.state`).
 OPEN, REPLACED, CLOSED = "open", "replaced", "closed"
 
@@ -80,17 +74,27 @@ class World:
         job: what every world of the job shares (its ``base_store``: where every epoch's keys live).
         namespace: where the world's default group keeps its keys in ``base_store`` (None: at its root).
         group: the world's default group (None: a world without one, as in a test).
+        timing: the world's bounds (`hypergrid.timing.Timing`; default: read from the environment now). A world that
+            follows this one keeps them.
     """
 
     def __init__(
-        self, number: int, rank: int, size: int, job: Job, namespace: str | None = None, group: Any = None
+        self,
+        number: int,
+        rank: int,
+        size: int,
+        job: Job,
+        namespace: str | None = None,
+        group: Any = None,
+        timing: Timing | None = None,
     ) -> None:
         self.number = number
         self.rank = rank
         self.size = size
         self.job = job
         self.namespace = namespace
-        self.alarm = Alarm(job)
+        self.timing = Timing.from_env() if timing is None else timing
+        self.alarm = Alarm(job, self.timing)
         self.alarm.sever = self._sever
         self.state = OPEN
         self.successor: World | None = None  # the world a shrink formed after it (None: this rank was retired)
@@ -146,7 +150,7 @@ class World:
         """This closed world, open again (its grids were destroyed, then a grid was built on its default group): the
         same number, job and namespace, and the bookkeeping that follows torch's default group (the names of the
         members-only groups this rank created, the guard's rounds), which a new grid must not repeat."""
-        world = World(self.number, self.rank, self.size, self.job, self.namespace)
+        world = World(self.number, self.rank, self.size, self.job, self.namespace, timing=self.timing)
         world.local_names, world.guard_leftovers = self.local_names, self.guard_leftovers
         world.guard_last_commits = self.guard_last_commits
         return world
@@ -262,7 +266,7 @@ class World:
     def successor_world(self, number: int, rank: int, size: int, namespace: str | None) -> World:
         """World ``number``, which a shrink formed after this one (torch's default group now): it takes the
         watcher's connection over once this world's watcher ended (`replace`), so recovery opens none."""
-        world = World(number, rank, size, self.job, namespace)
+        world = World(number, rank, size, self.job, namespace, timing=self.timing)
         world.bind(dist.group.WORLD)
         return world
 
@@ -291,18 +295,18 @@ class World:
         watcher = self.watcher
         if watcher is not None and self.job.store_lost is not None:  # nothing to say: the store is gone
             watcher.stop()
-            watcher.join(JOIN_S)  # (it met the loss: it has ended, or ends at once)
+            watcher.join(self.timing.stop_s)  # (it met the loss: it has ended, or ends at once)
         elif watcher is not None:
             if error is not None:
                 watcher.depart(error)
-                watcher.join(JOIN_S)  # the call woke it: it ends on its own
+                watcher.join(self.timing.stop_s)  # the call woke it: it ends on its own
             elif leave:
                 watcher.leave()
                 if self.rank == 0:  # its arrivals' wake key goes with it (a successor's, written since, stays)
                     Arrivals(self.calls.connection()).unpublish_world(self.number, self.size)
                 if sockets.hosts(self.base_store):  # its store dies with this process: not under the others
                     _on_exit(self.linger, tuple(watcher.dead))
-            if watcher.halt(self.calls, JOIN_S):
+            if watcher.halt(self.calls, self.timing.stop_s):
                 watcher.forget()
                 if self._link is not None and self.job.store_lost is None:  # (a successor took it over: None)
                     self.job.idle_link, self._link = self._link, None  # the world reopened next watches with it
@@ -311,11 +315,11 @@ class World:
         self._link = None
         self.calls.close()
 
-    def linger(self, dead: tuple[int, ...], bound_s: float = HOST_EXIT_S) -> bool:
+    def linger(self, dead: tuple[int, ...], bound_s: float | None = None) -> bool:
         """At the exit of the process that hosts the store: wait until every other rank of the world left its
-        watch (or was found dead), at most ``bound_s``, so that no rank's watcher sees the store die under it
-        (torch would print its connection errors). Whether they all left."""
-        deadline = time.monotonic() + bound_s
+        watch (or was found dead), at most ``bound_s`` (default: the probe), so that no rank's watcher sees the store
+        die under it (torch would print its connection errors). Whether they all left."""
+        deadline = time.monotonic() + (self.timing.probe_s if bound_s is None else bound_s)
         while time.monotonic() < deadline:
             try:
                 status = member_status(diagnosis.read(self.base_store, members_key(self.number)))
@@ -323,7 +327,7 @@ class World:
                 return False
             if not [rank for rank, watching in status.items() if watching and rank not in dead]:
                 return True
-            time.sleep(HOST_POLL_S)
+            time.sleep(self.timing.poll_s)
         return False
 
     def _released(self) -> None:

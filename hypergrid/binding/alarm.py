@@ -21,6 +21,7 @@ from typing import Any
 
 from hypergrid.errors import FencedError, HyperGridError, RankFailure, StoreLostError
 from hypergrid.launch.answerer import NODE_WATCH_ENV
+from hypergrid.timing import Timing
 from hypergrid.values import format_ranks
 
 __all__ = ["Alarm", "Job", "News", "is_store_loss", "peer_gone", "quoted"]
@@ -171,6 +172,9 @@ class Job:
 class Alarm:
     """One world's failure news on this rank, the waits it ends, and the fence (see the module's docstring).
 
+    ``timing``: the world's `hypergrid.timing.Timing` (default: read from the environment now), whose probe its
+    waits ask after.
+
     Examples:
         >>> alarm = Alarm(Job(None))
         >>> alarm.check("a call"), alarm.watched()
@@ -179,8 +183,9 @@ class Alarm:
         [3]
     """
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, timing: Timing | None = None) -> None:
         self.job = job
+        self.timing = Timing.from_env() if timing is None else timing
         self.news: News | None = None  # the world's failure, once the roll call settled it
         self.fenced: str | None = None  # why this rank was excluded by the others
         self.reporter: Reporter | None = None  # the world's watcher: runs a roll call

@@ -7,6 +7,10 @@ own (no polling, no timed slice), and `InterruptibleStore.interrupt` ends them f
 verdict, heard by the shrink's vigil): it reads each awaited key through a second connection, which wakes torch's
 waiters of that key, and the wait raises. Once the world is formed, `InterruptibleStore.disarm` makes it a plain
 pass-through (torch keeps it as the world's store).
+
+Group creation waits the same way, on the default group's store (gloo: each member's address, under the group's
+prefix): `interruptible_default_store` makes torch's default store an `InterruptibleStore` for the time of a creation,
+so that the world's failure ends a creation a dead member holds (issue 53, "churn").
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ import contextlib
 import datetime
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
-__all__ = ["Formation", "InterruptibleStore"]
+__all__ = ["Formation", "InterruptibleStore", "interruptible_default_store"]
 
 #: torch's answer to a `compare_set` on an absent key whose expected value is not empty (the key stays absent).
 _ABSENT = "\x00hypergrid-absent"
@@ -68,6 +73,11 @@ class InterruptibleStore(dist.Store):  # type: ignore[misc,name-defined]  # torc
         """The world is formed: waits are the inner store's from now on."""
         with self._lock:
             self._armed = False
+
+    def arm(self, waker: Any) -> None:
+        """Waits may be ended again (a new creation on the world's store): no error yet, ``waker`` interrupts."""
+        with self._lock:
+            self.waker, self._error, self._armed = waker, None, True
 
     def _raise(self) -> None:
         if self._error is not None and self._armed:
@@ -119,6 +129,10 @@ class InterruptibleStore(dist.Store):  # type: ignore[misc,name-defined]  # torc
     def num_keys(self) -> int:
         return int(self.inner.num_keys())
 
+    def clone(self) -> Any:
+        """Another connection to the same keys: the inner store's clone (its waits are plain)."""
+        return self.inner.clone()
+
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._timeout = timeout
         self.inner.set_timeout(timeout)
@@ -148,3 +162,37 @@ class Formation:
         """The world is formed (or formed in place, without a store)."""
         if self.store is not None:
             self.store.disarm()
+
+
+@contextlib.contextmanager
+def interruptible_default_store(waker: Any) -> Iterator[InterruptibleStore | None]:
+    """While inside, torch's default group's store (``_get_default_store()``, where every new group's keys go) is an
+    armed `InterruptibleStore`, interrupted through ``waker`` (the same key space, another connection); yields it,
+    or None where torch has no default group.
+
+    The store stays in place afterwards, disarmed (a plain pass-through, as after a shrink's formation): the groups
+    made inside keep it under their prefixes, and the next creation arms it again.
+
+    Examples:
+        >>> import torch.distributed as dist
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> with interruptible_default_store(dist.HashStore()) as store:
+        ...     group = dist.new_group([0])
+        >>> type(store).__name__, store._armed
+        ('InterruptibleStore', False)
+        >>> dist.destroy_process_group()
+    """
+    default = dist.group.WORLD
+    entry = c10d._world.pg_map.get(default) if default is not None else None
+    if entry is None:
+        yield None
+        return
+    backend, store = entry
+    if not isinstance(store, InterruptibleStore):
+        store = InterruptibleStore(store, waker)
+        c10d._world.pg_map[default] = (backend, store)  # type: ignore[index]  # (not None: found above)
+    store.arm(waker)
+    try:
+        yield store
+    finally:
+        store.disarm()

@@ -1,17 +1,16 @@
 """Waiting for torch's works while listening to the alarm: every grid wait ends when the world fails.
 
 `wait` waits for one work until it completes or this rank learns that its world failed
-(`hypergrid.binding.alarm`), whichever comes first; a wait that lasts `probe_after_s` (then twice as long, and so
-on) asks for a roll call. gloo's point-to-point works have no future: the caller blocks in torch's ``wait()``
-(`wait_all`), one thread per world (`_Sentry`) asks for the roll call when such a wait lasts, and the world's
-failure severs their connections (`hypergrid.binding.failures.abort_groups`). Why: docs/design/recovery.md
-("What the verdict does").
+(`hypergrid.binding.alarm`), whichever comes first; a wait that lasts the probe (``HYPERGRID_PROBE_S``, from the
+alarm's `hypergrid.timing.Timing`), then twice as long, and so on, asks for a roll call. gloo's point-to-point works
+have no future: the caller blocks in torch's ``wait()`` (`wait_all`), one thread per world (`_Sentry`) asks for the
+roll call when such a wait lasts, and the world's failure severs their connections
+(`hypergrid.binding.failures.abort_groups`). Why: docs/design/recovery.md ("What the verdict does").
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -20,21 +19,7 @@ from typing import Any
 from hypergrid.binding.alarm import Alarm, Job
 from hypergrid.errors import HyperGridError
 
-__all__ = ["abandoned", "probe_after_s", "wait", "wait_all"]
-
-
-def probe_after_s() -> float:
-    """How long a grid wait lasts before this rank asks for a roll call (``HYPERGRID_PROBE_S``, default 30 s).
-
-    The next after twice as long, and so on: a stopped or cut-off peer is found then, not at the group timeout. Read at
-    each wait, not at import: a worker forked from a server that imported hypergrid earlier (``spawn``'s forkserver)
-    sees the environment of its own call.
-
-    Examples:
-        >>> probe_after_s() > 0
-        True
-    """
-    return float(os.environ.get("HYPERGRID_PROBE_S", "30"))
+__all__ = ["abandoned", "wait", "wait_all"]
 
 
 def wait(alarm: Alarm | None, work: Any, what: str, stream: bool = False) -> None:
@@ -103,10 +88,10 @@ def wait_all(alarm: Alarm | None, works: Sequence[Any], what: str) -> None:
 
 
 class _Sentry:
-    """While a blocking wait lasts, asks for a roll call after `probe_after_s` (then twice as long, and so on).
+    """While a blocking wait lasts, asks for a roll call after the probe (then twice as long, and so on).
 
     One thread per world, started by the world's first wait without a future; it looks at the clock every quarter of
-    `probe_after_s` (never on a healthy step's path) and ends once its world is no longer watched (closed).
+    the probe (never on a healthy step's path) and ends once its world is no longer watched (closed).
     """
 
     def __init__(self, alarm: Alarm) -> None:
@@ -120,7 +105,7 @@ class _Sentry:
     @contextlib.contextmanager
     def watching(self, what: str) -> Iterator[None]:
         now = time.monotonic()
-        interval = probe_after_s()
+        interval = self.alarm.timing.probe_s
         self.current = [what, now, now + interval, interval]
         try:
             yield
@@ -128,7 +113,7 @@ class _Sentry:
             self.current = None
 
     def _run(self) -> None:
-        tick = max(probe_after_s() / 4, 0.05)
+        tick = max(self.alarm.timing.probe_s / 4, self.alarm.timing.poll_s)
         while self.alarm.sentry is self and self.alarm.watched():
             time.sleep(tick)
             current = self.current
@@ -143,7 +128,7 @@ class _Sentry:
 def _listen(alarm: Alarm, woken: threading.Event, what: str) -> None:
     """Block until ``woken`` is set (the work ended) or the world fails; a wait that lasts asks for a roll call."""
     with alarm.waking(woken):
-        waited, probe_after = 0.0, probe_after_s()
+        waited, probe_after = 0.0, alarm.timing.probe_s
         while alarm.pending(what) is None and not woken.wait(probe_after):
             waited += probe_after
             alarm.probe(what, f"{what} waited {waited:g} s")  # is a peer gone (stopped, cut off)? Then it ends

@@ -24,7 +24,7 @@ __all__ = ["OneLineParser", "check_output", "parse_int", "parse_seconds", "requi
 
 # ASCII digits only: str.isdigit() and int() also take "²" or "٣"; 18 digits stay below int()'s text limit.
 _INT = re.compile(r"[0-9]{1,18}")
-_SECONDS = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
+_SECONDS_PATTERN = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -70,7 +70,7 @@ def parse_seconds(text: str, what: str) -> float:
           ...
         hypergrid.errors.InvalidArgumentError: --timeout='nan': expected seconds written in digits 0-9 ...
     """
-    if not isinstance(text, str) or not _SECONDS.fullmatch(text):
+    if not isinstance(text, str) or not _SECONDS_PATTERN.fullmatch(text):
         raise InvalidArgumentError(f"{what}={shown(text)}: expected seconds written in digits 0-9 (such as 300 or 2.5)")
     return float(text)
 

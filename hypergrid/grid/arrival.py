@@ -35,13 +35,12 @@ from hypergrid.grid.succession import successor
 from hypergrid.launch.memberlog import job_log, member_id
 from hypergrid.launch.processes import job_store
 from hypergrid.layout.shrink import ShrinkPlan, check_policy
+from hypergrid.timing import Timing
 from hypergrid.validation import check_bool, refuse
 from hypergrid.values import check_timeout
 
 __all__ = ["Growth"]
 
-#: How long an arrival waits on its draft key between two looks at the running job (a new world to wake).
-LOOK_S = 1.0
 #: The draft an arrival writes when it gives up (``timeout_s``): a survivor's draft after it is not taken.
 WITHDRAWN = "withdrawn"
 
@@ -120,7 +119,8 @@ class Growth(Facet):
 
         Raises:
             InvalidArgumentError: torch.distributed is initialized here already (a member calls ``grow``), a bad
-                ``timeout_s``, ``snapshots``, ``store`` or ``wake_ranks``.
+                ``timeout_s``, ``snapshots``, ``store`` or ``wake_ranks``, or a bad ``HYPERGRID_LIVENESS_S`` or
+                ``HYPERGRID_PROBE_S``.
             DesyncError: the draft's grid is not this one (its dims differ).
             FencedError: the others went on without it (it stopped while it joined).
             RankFailure: as ``shrink`` (the new world could not form).
@@ -142,6 +142,7 @@ class Growth(Facet):
                 f"{dist.get_world_size()}); arrive is for a process started after the job began: a member calls "
                 "grow() or shrink()"
             )
+        timing = Timing.from_env(self._core.root.guard_timeout_s)  # (a bad setting is refused before registering)
         held = self._core.registry.world  # a rank a shrink retired: the job it was in
         store = store if store is not None else held.base_store if held is not None else job_store()
         arrivals = Arrivals(store)
@@ -152,11 +153,11 @@ class Growth(Facet):
         log = job_log(store)
         if log is not None:  # under hypergrid.run: who it is, before any shrink can take it in
             log.append("arrived", arrival=number, member=member_id(number), pid=os.getpid())
-        heartbeat = Heartbeat(_connection(store), number).start()
+        heartbeat = Heartbeat(_connection(store), number, timing).start()
         regrid = None
         try:
             while True:
-                text = _await_draft(arrivals, store, number, deadline, waking)
+                text = _await_draft(arrivals, store, number, deadline, waking, timing.arrival_window_s)
                 if text is None:
                     return None
                 regrid = _join(grid, store, number, json.loads(text), snapshots)
@@ -176,9 +177,11 @@ def _connection(store: Any) -> Any:
         return store
 
 
-def _await_draft(arrivals: Arrivals, store: Any, number: int, deadline: float | None, waking: bool) -> str | None:
+def _await_draft(
+    arrivals: Arrivals, store: Any, number: int, deadline: float | None, waking: bool, look_s: float
+) -> str | None:
     """The arrival's draft (None: released, or the deadline passed and it withdrew); wakes each new world that did
-    not weigh it yet."""
+    not weigh it yet. It waits on its draft key ``look_s`` at a time between two looks at the running job."""
     woken: tuple[int, int] | None = None
     while True:
         text = arrivals.draft(number)
@@ -194,7 +197,7 @@ def _await_draft(arrivals: Arrivals, store: Any, number: int, deadline: float | 
             said = f"a process arrived to join the grid (arrival {number})"
             woken = world if wake(store, world[0], world[1], said) else woken
         with contextlib.suppress(RuntimeError):  # (torch's timeout: look again)
-            store.wait([Arrivals.key("draft", number)], datetime.timedelta(seconds=LOOK_S))
+            store.wait([Arrivals.key("draft", number)], datetime.timedelta(seconds=look_s))
 
 
 def _join(grid: Any, store: Any, number: int, draft: dict[str, Any], snapshots: StepSnapshots | None) -> Regrid | None:

@@ -21,6 +21,7 @@ from hypergrid.agreement.guard import (
     grid_scope,
     settle,
 )
+from hypergrid.agreement.listening import creating
 from hypergrid.agreement.world import World
 from hypergrid.binding.creation import (
     check_can_split,
@@ -295,31 +296,32 @@ def create_families(
     started = time.monotonic()
     added: list[PgKey] = []  # what this call registered: rolled back unless every participant commits
     try:
-        for index, (key, layout, ordered) in enumerate(plans):
-            my_ranks = layout.group_ranks(ordered, rank) if local else None
-            # Again, now: a family of this batch may share the group an earlier one just made.
-            sharing, shared = pool.shared(layout, ordered, key, backend, options, tag, grid.share_groups)
+        with creating(world, call):  # the world's failure ends torch's waits for a dead member
+            for index, (key, layout, ordered) in enumerate(plans):
+                my_ranks = layout.group_ranks(ordered, rank) if local else None
+                # Again, now: a family of this batch may share the group an earlier one just made.
+                sharing, shared = pool.shared(layout, ordered, key, backend, options, tag, grid.share_groups)
 
-            def create(layout: GridLayout = layout, ordered: Sequence[str] = ordered, mine: Any = my_ranks) -> Any:
-                rank_enum = None if chosen == "local" else layout.rank_enum(ordered)
-                return create_family(
-                    chosen, rank_enum, mine, {**options, "backend": backend}, bound, local_names=world.local_names
-                )
+                def create(layout: GridLayout = layout, ordered: Sequence[str] = ordered, mine: Any = my_ranks) -> Any:
+                    rank_enum = None if chosen == "local" else layout.rank_enum(ordered)
+                    return create_family(
+                        chosen, rank_enum, mine, {**options, "backend": backend}, bound, local_names=world.local_names
+                    )
 
-            try:
-                core.registry.groups[key] = pool.keep(sharing, shared, key, create, backend, tag, options)
-                added.append(key)
-            except HyperGridError:
-                raise
-            except RuntimeError as error:  # torch: a peer died or hung while the groups were made
-                round_of = rounds[index] if rounds else None
-                if round_of is None:
-                    raise  # no guard round: nobody can tell a dead peer from ranks that disagree
-                participants, prefix = round_of
-                raise creation_failed(
-                    world, error, repr(guard_key(key)), f"{prefix}/commit", participants, started,
-                    grid.guard_timeout_s, core.guard_ledger,
-                ) from error  # fmt: skip
+                try:
+                    core.registry.groups[key] = pool.keep(sharing, shared, key, create, backend, tag, options)
+                    added.append(key)
+                except HyperGridError:
+                    raise
+                except RuntimeError as error:  # torch: a peer died or hung while the groups were made
+                    round_of = rounds[index] if rounds else None
+                    if round_of is None:
+                        raise  # no guard round: nobody can tell a dead peer from ranks that disagree
+                    participants, prefix = round_of
+                    raise creation_failed(
+                        world, error, repr(guard_key(key)), f"{prefix}/commit", participants, started,
+                        grid.guard_timeout_s, core.guard_ledger,
+                    ) from error  # fmt: skip
         # Every participant must have its groups before any goes on (a death there fails them all alike).
         what = repr(guard_key(plans[0][0])) if len(plans) == 1 else f"{len(plans)} families"
         for participants, prefix in dict.fromkeys((tuple(r[0]), r[1]) for r in rounds if r is not None):

@@ -34,8 +34,6 @@ from hypergrid.values import check_timeout, shown
 __all__ = ["Elastic", "Regrid", "check_spares"]
 
 _SHRINK = "shrink "
-#: ``shrink``'s default ``timeout_s`` (at most the grid's ``guard_timeout_s``).
-SHRINK_TIMEOUT_S = 30.0
 
 
 def check_spares(spares: object, world: int | None, end: int) -> int:
@@ -230,7 +228,8 @@ class Elastic(Facet):
             policy: ``"drop"``, ``"spares"`` or ``"spares_then_drop"``.
             timeout_s: how long to wait for a survivor that is alive but does not come (then it is
                 declared dead), and the bound of torch's waits while the new world forms (a death
-                there costs at most this); default ``min(guard_timeout_s, 30)``.
+                there costs at most this); default ``min(guard_timeout_s, HYPERGRID_PROBE_S)``, 30 s
+                (`hypergrid.timing.Timing.shrink_timeout_s`).
             step: the step this rank is in (the one that failed, or the next if none began); ``Regrid.step``
                 is the lowest passed.
             snapshots: this rank's `StepSnapshots` (instead of ``step``): restored at the agreed step.
@@ -264,7 +263,7 @@ class Elastic(Facet):
         require_initialized("shrink")
         world = self._core.world_for("grid.shrink")  # a replaced grid refuses: nothing reaches the new world
         world.alarm.check_fence("grid.shrink")
-        default = min(grid.guard_timeout_s, SHRINK_TIMEOUT_S)
+        default = world.timing.with_group_timeout(grid.guard_timeout_s).shrink_timeout_s
         timeout = default if timeout_s is None else check_timeout(timeout_s, "timeout_s")
         named = self._check_shrink(dead, dim, policy, world.size, world.rank)
         checked_step = _check_resume(root, "shrink", dim, step, snapshots)
@@ -289,7 +288,7 @@ class Elastic(Facet):
         ranks call ``release_spares``.
 
         Args:
-            timeout_s: the shrinks' timeout for ranks nobody named (default: ``guard_timeout_s``).
+            timeout_s: the shrinks' timeout for ranks nobody named (default: as ``shrink``'s).
             snapshots: the spare's `StepSnapshots` (empty): when drafted by survivors that passed theirs, it
                 returns holding the state of the agreed step (``Regrid.step``), copied from a replica peer.
 
@@ -321,7 +320,8 @@ class Elastic(Facet):
                     store.delete_key(call_key(number))
                 return None
             proposal = Proposal.decode(call[len(_SHRINK) :])
-            timeout = min(grid.guard_timeout_s, SHRINK_TIMEOUT_S) if checked is None else checked
+            default = world.timing.with_group_timeout(grid.guard_timeout_s).shrink_timeout_s
+            timeout = default if checked is None else checked
             _check_resume(grid._core.root, "standby", proposal.dim, None, snapshots)
             recovery = Recovery(grid, world, world.size, timeout, snapshots=snapshots)
             regrid = _recover(recovery, proposal, _family_list(grid._core.root))

@@ -22,10 +22,7 @@ from hypergrid.grid.succession import Recreation
 from hypergrid.layout.grow import plan_regrow
 from hypergrid.layout.shrink import ShrinkPlan
 
-__all__ = ["ARRIVAL_WINDOW_S", "Intake", "decode_families", "encode_families", "origin_digest"]
-
-#: How long an arrival's heartbeat may stand still before a survivor that waits for it counts it gone.
-ARRIVAL_WINDOW_S = 1.0
+__all__ = ["Intake", "decode_families", "encode_families", "origin_digest"]
 
 
 def origin_digest(grid: Any) -> str:
@@ -125,13 +122,14 @@ class Intake:
         """The plan's ranks that come from the old world, in the new world's order (arrivals left out)."""
         return [rank for rank in plan.order if rank < self.size]
 
-    def gone(self, plan: ShrinkPlan, connection: Any) -> list[int]:
-        """The plan's arrivals whose heartbeat stood still for `ARRIVAL_WINDOW_S` (dead or stopped), as old ranks;
-        asked through ``connection`` (the calling thread's: a prober's, while the main thread waits on its own)."""
+    def gone(self, plan: ShrinkPlan, connection: Any, window_s: float) -> list[int]:
+        """The plan's arrivals whose heartbeat stood still for ``window_s`` (dead or stopped: the world's
+        `hypergrid.timing.Timing.arrival_window_s`), as old ranks; asked through ``connection`` (the calling
+        thread's: a prober's, while the main thread waits on its own)."""
         if not plan.arrived:
             return []
         numbers = {self.arrivals[rank]: rank for rank in plan.arrived}
-        return [numbers[number] for number in absent(connection, sorted(numbers), ARRIVAL_WINDOW_S)]
+        return [numbers[number] for number in absent(connection, sorted(numbers), window_s)]
 
     def send_drafts(self, plan: ShrinkPlan, number: int, grids: dict[str, Any]) -> None:
         """Draft each arrival the plan takes into world ``number`` (the first draft stands: an arrival drafted by an

@@ -4,7 +4,7 @@
 calls, then `hypergrid.agreement.membership`); (2) the plan, checked whole (`hypergrid.layout.shrink`,
 `hypergrid.grid.succession`: a refusal leaves the old grid and world as they were); (3) the old groups torn down;
 (4) the new world formed attempt after attempt (a ready barrier, the default group, the families, the step agreed
-by `Recovery.agree_step`, a commit barrier), torch's waits bounded (`GLOO_WAITS`) and ended by a
+by `Recovery.agree_step`, a commit barrier), torch's waits bounded (`hypergrid.timing.GLOO_WAITS`) and ended by a
 `hypergrid.agreement.barrier.Vigil` once a member is found dead; past the commit the old world is replaced
 (`World.replace`). What cannot be absorbed is a ``HyperGridError`` on every survivor. docs/design/recovery.md.
 """
@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from hypergrid.agreement.barrier import Barrier, BarrierFailed, Vigil, probe_every_s
+from hypergrid.agreement.barrier import Barrier, BarrierFailed, Vigil
 from hypergrid.agreement.connections import Within
 from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.liveness import PREFIX as LIVE_PREFIX
@@ -42,14 +42,13 @@ from hypergrid.grid.succession import Recreation, held_by_all, recreate, success
 from hypergrid.launch.processes import default_device
 from hypergrid.layout.hierarchy import hierarchical_family
 from hypergrid.layout.shrink import ShrinkPlan
+from hypergrid.timing import GLOO_WAITS
 from hypergrid.values import format_ranks
 
 __all__ = ["Recovery", "Recreation", "families_digest"]
 
 #: The step agreement's "no value" (the neutral element of its MIN), above every step.
 _NONE = MAX_STEP + 1
-#: gloo (torch 2.13) waits 5 x its timeout for a member that published its address and died before connecting.
-GLOO_WAITS = 5
 
 
 def families_digest(families: Sequence[Recreation], description: str) -> str:
@@ -99,7 +98,7 @@ class Recovery:
         self.agreed: int | None = None  # the step the new world resumes from (`agree_step`)
         self._mixed = False  # some members passed snapshots and others did not
         self.dim = "dp"
-        self.rank = world.rank
+        self.rank, self.timing = world.rank, world.timing  # its bounds are the old world's (`hypergrid.timing`)
         self.how = formed() if how is None else how  # the old world's backend and timeout, which the new one keeps
         self.intake = Intake(world.base_store, size) if intake is None else intake
         self.forming: World | None = None  # the world an attempt is forming, once torch formed it
@@ -117,8 +116,9 @@ class Recovery:
         watcher = self.world.watcher
         probe = None if watcher is None else (lambda: watcher.probe(f"rank {self.rank} waits in shrink"))
         side = None if watcher is None else watcher.side
-        prefix, store, job = round_prefix(self.world.number), self.world.base_store, self.world.job
-        member = MembershipRound(store, prefix, self.rank, range(self.size), proposal, self.timeout_s, probe, side, job)
+        prefix, store, job, timing = round_prefix(self.world.number), self.world.base_store, self.world.job, self.timing
+        member = MembershipRound(store, prefix, self.rank, range(self.size), proposal, self.timeout_s, probe, side, job,
+                                 timing)  # fmt: skip
         member.stop = lambda: self.world.alarm.fenced is not None
         try:
             with self.world.alarm.listening(lambda: member.wake(self.world.calls), fence_only=True):
@@ -281,7 +281,7 @@ class Recovery:
             calls = self.world.calls
 
             def probe() -> list[int]:  # the old world's roll call, and the arrivals' heartbeats
-                found = (*old.probe(text), *self.intake.gone(plan, calls.connection()))
+                found = (*old.probe(text), *self.intake.gone(plan, calls.connection(), self.timing.arrival_window_s))
                 return [plan.old_to_new[rank] for rank in found if rank in plan.old_to_new]
 
             side = old.side
@@ -291,7 +291,7 @@ class Recovery:
         def barrier(step: str, what: str, wait_s: float) -> Barrier:
             deadline = time.monotonic() + wait_s
             return Barrier(base, f"hypergrid/elastic/{number}/{step}", new_rank, range(size), deadline, what, probe,
-                           side, job=self.world.job)  # fmt: skip
+                           side, job=self.world.job, timing=self.timing)  # fmt: skip
 
         commit = barrier("commit", f"world {number}'s families", self.timeout_s)
         stale: list[str] = []
@@ -313,8 +313,8 @@ class Recovery:
             # Until the commit passes, the attempt asks the old world's roll call (its watcher answers on; inside torch
             # through the vigil); the new world's watcher starts on the old one's connection once it ended.
             watch, prober = (None, None) if old is None else (old.on_dead, probe if new_rank < 2 else None)
-            what = f"forming world {number}"
-            with Vigil(watch, plan.old_to_new, what, self._end_forming, prober, probe_every_s(size)) as vigil:
+            what, period_s = f"forming world {number}", self.timing.roll_bound_s(size)
+            with Vigil(watch, plan.old_to_new, what, self._end_forming, prober, period_s) as vigil:
                 namespace = reform_world(
                     base, number, self.world.namespace, new_rank, size, self.how, self.world.job, timeout, excluded,
                     self.torch_bound_s, self.formation.on,

@@ -40,15 +40,12 @@ from hypergrid.launch.memberlog import (
 from hypergrid.launch.outcomes import WorkerOutcome, judge, summary
 from hypergrid.launch.replacements import Replacements
 from hypergrid.launch.ring import AgentRing, local_address
+from hypergrid.timing import Timing
 from hypergrid.values import format_ranks
 
 __all__ = ["MinHealthyAgent", "WorkerOutcome", "report"]
 
 PREFIX = "hypergrid.run: "
-#: How long an agent that lost the job's store lets its workers end by themselves (with StoreLostError) at most.
-STORE_LOST_GRACE_S = 5.0
-# How long the agent waits to reach the workers' store (the round's log lives there).
-_STORE_TIMEOUT = datetime.timedelta(seconds=30)
 
 
 def report(message: str) -> None:
@@ -119,7 +116,8 @@ class MinHealthyAgent(LocalElasticAgent):
         self.ring: AgentRing | None = None  # this round's watch of the next agent (several nodes only)
         self.log = ""  # the round's membership log (hypergrid.launch.memberlog), named in the workers' environment
         self.on_death, self.replace_dead = on_death, replace_dead
-        self.replacements = Replacements(0)  # this round's workers started in place of dead ones
+        self.timing = Timing.from_env()  # (the agent's bounds: its ring, its replacements, its waits on the store)
+        self.replacements = Replacements(0, self.timing)  # this round's workers started in place of dead ones
         self.answerer = NodeAnswerer(node_watch, report)  # who answers the roll call for this node's workers
         self._store_client: Any = None
         self._client_lock = threading.Lock()
@@ -142,7 +140,7 @@ class MinHealthyAgent(LocalElasticAgent):
             self.health.stop_watching()
         self._leave_ring()
         self.replacements.stop()
-        self.replacements = Replacements(self.replace_dead)
+        self.replacements = Replacements(self.replace_dead, self.timing)
         self.outcomes = {}
         self.job_workers = group.workers[0].world_size
         self.health = HealthRound(
@@ -169,6 +167,7 @@ class MinHealthyAgent(LocalElasticAgent):
             self._agent_lost,
             host=local_address(str(group.master_addr)),
             report=report,
+            timing=self.timing,
         )
         try:
             ring.start()
@@ -263,7 +262,8 @@ class MinHealthyAgent(LocalElasticAgent):
     def _connect(self) -> Any:
         """A new connection to the workers' store (the rendezvous set its address)."""
         address, port = str(self._worker_group.master_addr), int(cast(int, self._worker_group.master_port))
-        return TCPStore(address, port, is_master=False, timeout=_STORE_TIMEOUT)
+        timeout = datetime.timedelta(seconds=self.timing.probe_s)  # (the round's log lives there)
+        return TCPStore(address, port, is_master=False, timeout=timeout)
 
     def _read_accounted(self) -> str:
         """The members whose death a shrink accounted for, as the round's log says (`format_members`)."""
@@ -340,7 +340,7 @@ class MinHealthyAgent(LocalElasticAgent):
             try:
                 state = self._check()
             except DistNetworkError:  # the job's store is gone: its workers raise StoreLostError by themselves
-                self._await_exits(STORE_LOST_GRACE_S)
+                self._await_exits(self.timing.stop_s)
                 raise
             if state == "running":
                 continue
@@ -379,7 +379,7 @@ class MinHealthyAgent(LocalElasticAgent):
             self._exits()
             if len(self.outcomes) == len(self._worker_group.workers):
                 return
-            time.sleep(0.05)
+            time.sleep(self.timing.poll_s)
 
     def record_stop(self, verdict: str) -> None:
         """After ``run`` ended abnormally (the launcher signalled, the agent raised): note how and who was stopped."""

@@ -15,11 +15,9 @@ from typing import Any
 
 from torch.distributed import DistStoreError
 
-__all__ = ["HealthRound"]
+from hypergrid.timing import FOREVER_S
 
-# How long one blocked ``wait`` of the watcher lasts before it waits again (torch logs a warning at each
-# timeout, so a long one; the watcher is a daemon thread, the agent's exit does not wait for it).
-_WATCH_SLICE_S = 86400.0
+__all__ = ["HealthRound"]
 
 
 class HealthRound:
@@ -90,7 +88,8 @@ class HealthRound:
     def _watch(self, store: Any) -> None:
         while True:
             try:
-                store.wait([self._key("done")], datetime.timedelta(seconds=_WATCH_SLICE_S))
+                # (a day, then it waits again: torch logs each wait that times out; a daemon thread, not waited for)
+                store.wait([self._key("done")], datetime.timedelta(seconds=FOREVER_S))
             except DistStoreError as error:
                 if "timeout" in str(error).lower():
                     continue

@@ -32,12 +32,10 @@ from hypergrid.launch import orphans
 from hypergrid.launch.agent import MinHealthyAgent, report
 from hypergrid.launch.answerer import NodeWatchFactory
 from hypergrid.launch.flags import OneLineParser, check_flags, flag_error
+from hypergrid.timing import FOREVER_S
 from hypergrid.values import first_line
 
-__all__ = ["DEFAULT_EXIT_BARRIER_TIMEOUT_S", "configure", "launch", "main", "parser"]
-
-#: How long an agent whose workers have all exited waits for the others' (a day: see docs/launcher.md).
-DEFAULT_EXIT_BARRIER_TIMEOUT_S = 86400.0
+__all__ = ["configure", "launch", "main", "parser"]
 
 _USAGE, _FAILED, _SUCCEEDED = 2, 1, 0
 #: ``--max-replacements``' default: workers one agent may start in place of dead ones, per round.
@@ -75,9 +73,9 @@ def parser() -> argparse.ArgumentParser:
         "--exit-barrier-timeout",
         "--exit_barrier_timeout",
         type=float,
-        default=DEFAULT_EXIT_BARRIER_TIMEOUT_S,
+        default=FOREVER_S,
         help="seconds an agent whose workers have all exited waits for the other agents' workers (it may host "
-        f"the store they use). Default: {DEFAULT_EXIT_BARRIER_TIMEOUT_S:g}",
+        f"the store they use). Default: {FOREVER_S:g} (a day)",
     )
     ours.add_argument(
         "--replace-dead",
@@ -172,7 +170,7 @@ def launch(
     args: Sequence[str],
     *,
     min_healthy: int = 1,
-    exit_barrier_timeout_s: float = DEFAULT_EXIT_BARRIER_TIMEOUT_S,
+    exit_barrier_timeout_s: float = FOREVER_S,
     on_death: Callable[[Any, str, list[str], int, str], object] | None = None,
     replace_dead: int = 0,
     node_watch: NodeWatchFactory | None = None,

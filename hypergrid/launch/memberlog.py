@@ -45,6 +45,7 @@ __all__ = [
     "accounted",
     "agree_log",
     "arrival_members",
+    "dead_ranks",
     "format_members",
     "job_log",
     "member_id",
@@ -204,6 +205,21 @@ def world_of(entries: Iterable[Entry], size: int) -> tuple[int, list[str]]:
         if entry.kind == "formed" and int(entry.data["world"]) >= latest[0]:
             latest = (int(entry.data["world"]), [str(member) for member in entry.data["members"]])
     return latest
+
+
+def dead_ranks(entries: Sequence[Entry], world: int, size: int) -> list[int]:
+    """The ranks of world ``world`` whose member the log records dead (a launcher's agent saw it exit): what every
+    roll call of that world declares gone. None of an earlier world than the latest recorded (its ranks are not
+    mapped any more; a shrink left its dead behind). ``size``: the job's first world's size (`world_of`).
+
+    Examples:
+        >>> entries = [Entry(0, "dead", {"members": ["2"], "said": "SIGKILL", "world": 0})]
+        >>> dead_ranks(entries, 0, 4), dead_ranks(entries, 1, 4)
+        ([2], [])
+    """
+    epoch, ranks = world_of(entries, size)
+    dead = {str(member) for entry in entries if entry.kind == "dead" for member in entry.data["members"]}
+    return [rank for rank, member in enumerate(ranks) if member in dead] if epoch == world else []
 
 
 def accounted(entries: Iterable[Entry]) -> set[str]:

@@ -32,6 +32,7 @@ from hypergrid.launch.errorfile import record_uncaught_exceptions
 from hypergrid.launch.sockets import opened, snapshot, track
 from hypergrid.launch.spawned import FENCED, HOST, RETURNED, UNPICKLABLE, LauncherStreams, start_context, worker
 from hypergrid.launch.stacks import enable_stack_dumps, request_stack_dumps
+from hypergrid.timing import Timing
 from hypergrid.validation import check_bool, check_choice, check_int, check_str, refuse
 from hypergrid.values import check_timeout, first_line
 
@@ -41,8 +42,6 @@ __all__ = ["default_device", "init_from_env", "job_store", "spawn"]
 MAX_SPAWN = 1024
 #: A backend argument as torch spells one: a name or ``device:backend`` pairs.
 _BACKEND_TEXT = r"[A-Za-z0-9_]+(:[A-Za-z0-9_]+)?(,[A-Za-z0-9_]+:[A-Za-z0-9_]+)*"
-# After one worker fails, how long to let the others' exit codes land before reporting.
-_SETTLE_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -196,9 +195,11 @@ def spawn(
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per worker).
         timeout_s: hard limit for the whole run, in seconds, counted from
             the call. The workers' collectives and store waits time out
-            `hypergrid.launch.spawned.OUTLAST_S` later, so that a hang is ended by this limit, which
-            names every running rank with its stack, not by one rank's
-            timeout racing it.
+            10 x ``HYPERGRID_LIVENESS_S`` later (5 s: `hypergrid.timing.Timing.stop_s`), so that a hang is
+            ended by this limit, which names every running rank with its stack, not by one rank's
+            timeout racing it (equal, a deadlocked pair's send timed out in gloo first once workers started
+            fast enough). After one worker failed, the others' exit codes get ``HYPERGRID_LIVENESS_S`` to
+            land before the report.
         allow_deaths: for fault-injection tests: a worker that dies without
             reporting, or raises ``FencedError`` (the others declared it dead),
             yields a ``WorkerDeath`` in the results instead of stopping the
@@ -228,7 +229,8 @@ def spawn(
             run passed ``timeout_s`` (the ranks that had not finished are named,
             each with its current Python stack). No worker is left running.
         InvalidArgumentError: a ``start_method`` this platform does not
-            have (one of ``"forkserver"``, ``"spawn"``).
+            have (one of ``"forkserver"``, ``"spawn"``), or a bad
+            ``HYPERGRID_LIVENESS_S`` or ``HYPERGRID_PROBE_S``.
 
     Examples:
         >>> spawn(dist.get_world_size, 2)
@@ -245,6 +247,7 @@ def spawn(
         raise BackendError("backend 'nccl' needs CUDA devices, and torch.cuda.is_available() is False")
     timeout_s = check_timeout(timeout_s, "timeout_s")
     allow_deaths = check_bool("spawn", "allow_deaths", allow_deaths)
+    timing = Timing.from_env()  # this call's environment, as its workers get it
     context = start_context(start_method)
     store = TCPStore(HOST, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s))
     streams = LauncherStreams() if context.get_start_method() == "forkserver" else None
@@ -261,7 +264,7 @@ def spawn(
                 nprocs,
                 store.port,
                 backend,
-                timeout_s,
+                timeout_s + timing.stop_s,
                 fn,
                 tuple(args),
                 results,
@@ -275,7 +278,7 @@ def spawn(
     try:
         for process in processes:
             process.start()
-        values = _collect(processes, results, timeout_s, deadline, allow_deaths, stack_dir)
+        values = _collect(processes, results, timeout_s, deadline, allow_deaths, stack_dir, timing.liveness_s)
     finally:
         _stop(processes)
         shutil.rmtree(stack_dir, ignore_errors=True)
@@ -294,9 +297,18 @@ def _check_function(fn: object) -> None:
 
 
 def _collect(
-    processes: list[Any], results: Any, timeout_s: float, deadline: float, allow_deaths: bool, stack_dir: str
+    processes: list[Any],
+    results: Any,
+    timeout_s: float,
+    deadline: float,
+    allow_deaths: bool,
+    stack_dir: str,
+    settle_s: float,
 ) -> dict[int, Any]:
-    """Gather every worker's value; raise on the first failure, silent death or ``deadline`` (``timeout_s`` in all)."""
+    """Gather every worker's value; raise on the first failure, silent death or ``deadline`` (``timeout_s`` in all).
+
+    ``settle_s``: how long an exit code may take to land after a worker failed, or its message after it exited.
+    """
     nprocs = len(processes)
     values: dict[int, Any] = {}
     exited_at: dict[int, float] = {}  # ranks seen exited without a message, and when
@@ -304,7 +316,7 @@ def _collect(
         try:
             rank, outcome, value = results.get(timeout=0.2)
         except queue_module.Empty:
-            for gone in _silent_deaths(processes, values, exited_at):
+            for gone in _silent_deaths(processes, values, exited_at, settle_s):
                 if not allow_deaths:
                     raise WorkerError(_describe_deaths([gone], processes), rank=gone) from None
                 values[gone] = WorkerDeath(gone, processes[gone].exitcode)
@@ -326,7 +338,7 @@ def _collect(
                 remote_traceback=value,
             )
         # A peer's crash is often why this rank failed: let its exit code land, name it first.
-        time.sleep(_SETTLE_SECONDS)
+        time.sleep(settle_s)
         dead = [r for r, p in enumerate(processes) if r not in values and r != rank and p.exitcode not in (None, 0)]
         cause = f"{_describe_deaths(dead, processes)}; then " if dead else ""
         raise WorkerError(
@@ -358,8 +370,10 @@ def _timed_out(processes: list[Any], values: dict[int, Any], timeout_s: float, s
     return WorkerError(f"timed out after {timeout_s:g} s waiting for rank(s) {missing} of {nprocs}{where}")
 
 
-def _silent_deaths(processes: list[Any], values: dict[int, Any], exited_at: dict[int, float]) -> list[int]:
-    """Ranks whose process exited without sending anything, past a grace period.
+def _silent_deaths(
+    processes: list[Any], values: dict[int, Any], exited_at: dict[int, float], settle_s: float
+) -> list[int]:
+    """Ranks whose process exited without sending anything, past a grace period (``settle_s``).
 
     A worker's message is written before it exits, but may still be in the pipe
     when the exit is seen: only a rank exited for longer than the grace period
@@ -370,7 +384,7 @@ def _silent_deaths(processes: list[Any], values: dict[int, Any], exited_at: dict
     for rank, process in enumerate(processes):
         if rank in values or process.exitcode is None:
             continue
-        if now - exited_at.setdefault(rank, now) > _SETTLE_SECONDS:
+        if now - exited_at.setdefault(rank, now) > settle_s:
             dead.append(rank)
     return dead
 

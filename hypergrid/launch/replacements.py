@@ -18,13 +18,12 @@ from typing import Any
 
 from hypergrid.launch.memberlog import MEMBER_ENV, member_name
 from hypergrid.launch.outcomes import WorkerOutcome
+from hypergrid.timing import Timing
 
 __all__ = ["ARRIVAL_ENV", "Replacements"]
 
 #: Set to ``1`` in a replacement's environment: the script joins the running job (``grid.arrive``).
 ARRIVAL_ENV = "HYPERGRID_ARRIVAL"
-#: How long `Replacements.stop` waits after SIGTERM before it SIGKILLs.
-STOP_S = 5.0
 
 
 class Replacements:
@@ -32,6 +31,8 @@ class Replacements:
 
     Args:
         limit: how many it may start in the round (``--max-replacements``).
+        timing: the agent's `hypergrid.timing.Timing` (default: read from the environment now): `stop` waits
+            `hypergrid.timing.Timing.stop_s` after SIGTERM before it SIGKILLs.
 
     Examples:
         >>> replacements = Replacements(0)
@@ -39,8 +40,9 @@ class Replacements:
         (None, {}, [])
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, timing: Timing | None = None) -> None:
         self.limit = limit
+        self.timing = Timing.from_env() if timing is None else timing
         self.started: list[tuple[int, int, int]] = []  # (launcher rank, local rank, pid), in order
         self.running: dict[int, tuple[subprocess.Popen[bytes], int, int]] = {}  # pid -> (process, rank, how many)
         self.ended: list[WorkerOutcome] = []
@@ -73,12 +75,12 @@ class Replacements:
         return found
 
     def stop(self) -> list[WorkerOutcome]:
-        """Stop every replacement still running (SIGTERM, then SIGKILL after `STOP_S`); their outcomes."""
+        """Stop every replacement still running (SIGTERM, then SIGKILL after the stop span); their outcomes."""
         processes = [process for process, _, _ in self.running.values()]
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_S
+        deadline = time.monotonic() + self.timing.stop_s
         for process in processes:
             try:
                 process.wait(max(0.0, deadline - time.monotonic()))

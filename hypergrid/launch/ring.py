@@ -7,9 +7,9 @@ and connects to the next agent's (agent ``i`` to ``i + 1``, the last to the firs
 process's sockets, so the agent before it reads the end of its connection at once; one that ends without the ``bye``
 of an agent leaving in order (or its record of leaving) is a death, and the agent reports the dead agent's workers
 (``on_lost``: the agent calls the survivors' roll call) and watches the next agent instead. A node that vanishes
-without closing anything (power, network) is found by TCP keepalive after `KEEPALIVE_S` silent seconds and
-`KEEPALIVE_PROBES` unanswered probes, `KEEPALIVE_INTERVAL_S` apart (about 15 s). Keys and costs:
-docs/design/launcher.md ("The agents watch each other").
+without closing anything (power, network) is found by TCP keepalive after 10 x liveness silent seconds and
+`hypergrid.timing.KEEPALIVE_PROBES` unanswered probes, 4 x liveness apart (about 15 s: `hypergrid.timing.Timing`).
+Keys and costs: docs/design/launcher.md ("The agents watch each other").
 """
 
 from __future__ import annotations
@@ -23,32 +23,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hypergrid.launch.memberlog import parse_members
+from hypergrid.timing import CONNECT_TRIES, KEEPALIVE_PROBES, Timing
 
-__all__ = ["BYE", "KEEPALIVE_INTERVAL_S", "KEEPALIVE_PROBES", "KEEPALIVE_S", "AgentRing", "local_address"]
+__all__ = ["BYE", "AgentRing", "local_address"]
 
 #: What an agent leaving in order writes to the agent watching it before it closes the connection.
 BYE = b"bye\n"
-#: Seconds of silence before the kernel probes a connection (a node gone without a close), and between probes.
-KEEPALIVE_S = 5
-KEEPALIVE_INTERVAL_S = 2
-#: Unanswered probes after which the kernel ends the connection: a vanished node is found in about 15 s (a network
-#: that stalls for less is not a death).
-KEEPALIVE_PROBES = 5
-#: How long an agent tries to connect to the next one's port, and how often (a refused connection: 0.2 s apart).
-CONNECT_S = 10.0
-CONNECT_TRIES = 3
-#: How long the watcher waits for the next agent's address before it watches the one after (it never joined).
-ADDRESS_S = 60.0
-#: How long one wait for an address lasts before the watcher looks at its stop flag again.
-_ADDRESS_SLICE_S = 5.0
 
 
-def _keepalive(connection: socket.socket) -> None:
-    """Have the kernel probe an idle connection, so a peer gone without a close ends it (Linux's options)."""
+def _keepalive(connection: socket.socket, timing: Timing) -> None:
+    """Have the kernel probe an idle connection, so a peer gone without a close ends it (Linux's options): after
+    ``timing``'s keepalive idle span, `KEEPALIVE_PROBES` probes its keepalive interval apart (a network that stalls
+    for less is not a death)."""
     connection.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     options = (
-        ("TCP_KEEPIDLE", KEEPALIVE_S),
-        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+        ("TCP_KEEPIDLE", timing.keepalive_idle_s),
+        ("TCP_KEEPINTVL", timing.keepalive_interval_s),
         ("TCP_KEEPCNT", KEEPALIVE_PROBES),
     )
     for name, value in options:
@@ -84,6 +74,9 @@ class AgentRing:
             died: its place, its workers' ranks and how it was found. Not called for an agent that left in order.
         host: the address the others connect to (the agent passes `local_address`).
         report: ``report(text)``, for what the ring could not do (an agent it could not connect to).
+        timing: the agent's `hypergrid.timing.Timing` (default: read from the environment now): the keepalive, how
+            long it tries to connect (`hypergrid.timing.Timing.connect_s`, `CONNECT_TRIES` times) and how long it
+            waits for the next agent's address (`hypergrid.timing.Timing.address_s`).
 
     Examples:
         >>> import torch.distributed as dist
@@ -102,11 +95,13 @@ class AgentRing:
         on_lost: Callable[[int, list[int], str], object],
         host: str = "127.0.0.1",
         report: Callable[[str], object] = lambda text: None,
+        timing: Timing | None = None,
     ) -> None:
         if not 0 <= index < agents:
             raise ValueError(f"AgentRing: index={index!r}; expected 0 <= index < agents={agents}")
         self.store, self.prefix, self.index, self.agents = store, prefix, index, agents
         self.ranks, self.on_lost, self.host, self.report = list(ranks), on_lost, host, report
+        self.timing = Timing.from_env() if timing is None else timing
         self.lost: list[int] = []  # the agents found dead, in the order found
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
@@ -153,7 +148,7 @@ class AgentRing:
             except OSError:
                 return  # closed by `close`
             with contextlib.suppress(OSError):
-                _keepalive(connection)
+                _keepalive(connection, self.timing)
             with self._lock:
                 if not self._stop.is_set():
                     self._accepted.append(connection)
@@ -185,18 +180,20 @@ class AgentRing:
 
     def _address(self, store: Any, target: int) -> tuple[str, int, list[int]] | None:
         """The next agent's address and ranks, once it published them; None when stopped or the store is gone, and
-        ``("", 0, [])`` where it did not publish within `ADDRESS_S` (its ring never started: it is said, and the
-        watcher watches the one after)."""
-        until = time.monotonic() + ADDRESS_S
+        ``("", 0, [])`` where it did not publish within the address span (its ring never started: it is said, and the
+        watcher watches the one after). Each wait lasts the stop span, then it looks at its stop flag again."""
+        until = time.monotonic() + self.timing.address_s
         while not self._stop.is_set():
             try:
-                store.wait([self._key(target)], datetime.timedelta(seconds=_ADDRESS_SLICE_S))
+                store.wait([self._key(target)], datetime.timedelta(seconds=self.timing.stop_s))
                 host, port, listed = store.get(self._key(target)).decode().split(" ", 2)
             except Exception as error:  # a timed-out slice: look at the stop flag; anything else: no store
                 if "timeout" not in str(error).lower():
                     return None
                 if time.monotonic() >= until:
-                    self.report(f"node {target}'s agent did not join the agents' ring within {ADDRESS_S:g} s")
+                    self.report(
+                        f"node {target}'s agent did not join the agents' ring within {self.timing.address_s:g} s"
+                    )
                     return "", 0, []
                 continue
             return host, int(port), sorted(int(rank) for rank in parse_members(listed))
@@ -205,12 +202,13 @@ class AgentRing:
     def _follow(self, target: int, host: str, port: int) -> str:
         """Connect and read until the connection ends: ``"left"`` (it said bye or recorded that it left, or this one
         stops), ``"died"`` (this agent is the first to find it dead: it reports it) or ``"known"`` (found dead by
-        another agent before). A port that refuses `CONNECT_TRIES` times (or does not answer within `CONNECT_S`)
-        without a record of leaving is a death: the agents reach each other's ports as gloo and NCCL do."""
+        another agent before). A port that refuses `CONNECT_TRIES` times, 0.2 s apart (or does not answer within the
+        connect span) without a record of leaving is a death: the agents reach each other's ports as gloo and NCCL
+        do."""
         connection = None
         for _ in range(CONNECT_TRIES):
             try:
-                connection = socket.create_connection((host, port), timeout=CONNECT_S)
+                connection = socket.create_connection((host, port), timeout=self.timing.connect_s)
                 break
             except OSError:
                 if self._stop.wait(0.2):
@@ -219,7 +217,7 @@ class AgentRing:
             return self._ended(target)
         connection.settimeout(None)
         with contextlib.suppress(OSError):
-            _keepalive(connection)
+            _keepalive(connection, self.timing)
         with self._lock:
             if self._stop.is_set():  # (`close` came while it connected: it would not end this read)
                 connection.close()

@@ -29,7 +29,6 @@ from hypergrid.launch.stacks import enable_stack_dumps
 from hypergrid.validation import check_choice
 
 __all__ = [
-    "OUTLAST_S",
     "START_METHODS",
     "LauncherStreams",
     "adopt_streams",
@@ -47,10 +46,6 @@ FAILED, RETURNED, UNPICKLABLE, FENCED = "failed", "returned", "unpicklable", "fe
 
 #: How ``spawn`` may start its workers, in order of preference: ``None`` picks the first this platform has.
 START_METHODS = ("forkserver", "spawn")
-#: How much longer than ``spawn``'s ``timeout_s`` a worker's collectives and store waits last. Equal, a rank's own
-#: timeout raced the launcher's: a deadlocked pair's send timed out in gloo (one rank's traceback) before the launcher
-#: named both ranks with their stacks, once workers started fast enough (the forkserver imports the grid: 2026-11-28).
-OUTLAST_S = 5.0
 #: What the forkserver imports once, so that no worker forked from it imports them again: torch's ``_dynamo`` too,
 #: which a process's first optimizer imports (1.3 s of CPU each: 4 s of a 6-worker job's first step on 2 cores),
 #: and hypergrid's grid (a missing module is skipped: multiprocessing ignores its ImportError).
@@ -151,7 +146,7 @@ def worker(
     nprocs: int,
     port: int,
     backend: str,
-    timeout_s: float,
+    waits_s: float,
     fn: Callable[..., Any],
     args: Sequence[Any],
     results: Any,
@@ -159,7 +154,8 @@ def worker(
 ) -> None:
     """One rank of ``spawn``: tied to its launcher, with its environment and streams, joined to the group; runs ``fn``.
 
-    What ``fn`` returned (pickled here), or the traceback of what it raised, goes on ``results``.
+    What ``fn`` returned (pickled here), or the traceback of what it raised, goes on ``results``. ``waits_s``: the
+    timeout of its collectives and store waits, longer than ``spawn``'s own limit (``spawn`` says by how much).
     """
     tie_to_launcher(launcher)  # a SIGKILLed parent leaves no worker behind
     adopt_streams(streams)  # the launcher's stdout and stderr at the call
@@ -175,7 +171,7 @@ def worker(
     )
     try:
         enable_stack_dumps(stack_dir, rank)
-        timeout = datetime.timedelta(seconds=timeout_s + OUTLAST_S)  # the launcher's limit ends a hang (`OUTLAST_S`)
+        timeout = datetime.timedelta(seconds=waits_s)
         store = TCPStore(HOST, port, is_master=False, timeout=timeout)
         device_id = None
         if backend == "nccl":

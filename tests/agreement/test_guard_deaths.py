@@ -15,15 +15,16 @@ from typing import Any
 import pytest
 
 from hypergrid import WorkerDeath, spawn
-from hypergrid.agreement.protocol import grace_s
+from hypergrid.timing import Timing
 from tests.workers import faults
 
 pytestmark = [pytest.mark.processes]
 
 T = 3.0
 SLACK = 5.0  # process scheduling on a loaded 2-core host (6.27 s seen for "before" at a load average over 10)
-BOUND = {"before": T + SLACK, "waiting": T + grace_s(T) + SLACK, "decider": T + grace_s(T) + SLACK}
-BOUND["creating"] = T + grace_s(T) + SLACK  # within the 2T + 5 s
+GRACE = Timing(group_timeout_s=T).guard_grace_s
+BOUND = {"before": T + SLACK, "waiting": T + GRACE + SLACK, "decider": T + GRACE + SLACK}
+BOUND["creating"] = T + GRACE + SLACK  # within the 2T + 5 s
 
 
 # Each point and each strategy once in `make test` (one strategy per point, alternating); the other four

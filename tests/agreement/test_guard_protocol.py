@@ -15,10 +15,10 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from benchmarks import guard as bench
 from benchmarks.guard import CountingStore
-from hypergrid.agreement import protocol
 from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.protocol import Round, round_keys
 from hypergrid.agreement.request import CreationRequest, Verdict
+from hypergrid.timing import Timing
 
 TIMEOUT = datetime.timedelta(seconds=60)
 
@@ -75,7 +75,7 @@ def test_agreement_costs_4_operations_per_rank_and_leaves_the_roster_and_verdict
 ) -> None:
     # The success path only, however loaded the host: no probe, and no announcement (at half the probe time,
     # which is at most a quarter of timeout_s: 3.75 s with the default 30 s, once passed by 16 threads at load 5).
-    monkeypatch.setattr(protocol, "PROBE_S", 3600.0)
+    monkeypatch.setattr(Timing, "round_probe_s", lambda self, participants: 3600.0)
     baseline = _clean(server)
     for size in (2, 5, 16):
         requests = {rank: _request() for rank in range(size)}
@@ -167,7 +167,8 @@ def test_a_missing_rank_is_named_then_cleaned_up_by_the_next_round(
 def test_the_simulation_counts_operations_the_same_at_1024_and_2048(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(protocol, "PROBE_S", 3600.0)  # no slow-path announcement, however loaded the host
+    # No slow-path announcement, however loaded the host.
+    monkeypatch.setattr(Timing, "round_probe_s", lambda self, participants: 3600.0)
     path = tmp_path / "guard.json"
     assert bench.main(["--participants", "1024,2048", "--threads", "4", "--repeats", "1", "--json", str(path)]) == 0
     rows = {(row["impl"], row["participants"]): row for row in json.loads(path.read_text())["rows"]}

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
+import hypergrid.timing
 from benchmarks.guard import CountingStore
 from hypergrid.agreement import diagnosis, liveness
 from hypergrid.agreement.barrier import Barrier, BarrierFailed
@@ -36,6 +37,7 @@ from hypergrid.agreement.liveness import (
 )
 from hypergrid.agreement.rollkeys import gone_text
 from hypergrid.agreement.watcher import Watcher
+from hypergrid.timing import Timing
 
 TIMEOUT = datetime.timedelta(seconds=60)
 BOUND = 0.5
@@ -101,7 +103,7 @@ def test_everyone_answers_nobody_dead_in_o1_ops_no_key_left(server: Any, size: i
     # and the last also wait for the wake's end (``I/woken``), the last reader writes ``done`` and deletes 6 keys;
     # a closer reads the count and checks the verdict at its pace (`Incident._settle`: no store wait that times
     # out), at most 2 x QUIET_READS times
-    assert max(ops.values()) <= 17 + 2 * liveness.QUIET_READS
+    assert max(ops.values()) <= 17 + 2 * hypergrid.timing.QUIET_READS
     if size > 4:  # (at 2 ranks both are closers)
         assert statistics.median_low(ops.values()) <= 5
     assert added(server, before) == set(world_keys(100 + size))  # the world's last incident read by all: one key
@@ -134,7 +136,7 @@ def test_the_bound_runs_from_the_end_of_the_wake_not_from_the_call(
     # A wake that takes 1 s (as 131,072 wake keys do): rank 3 is woken by its end and answers 1.3 s after the call,
     # past the 1 s bound counted from the call, yet within 1 s of the wake's end: only rank 4 is dead, and the
     # closers close 1 s after the wake's end, not at the fallback (10 s per rank here: 50 s).
-    monkeypatch.setattr(liveness, "PER_RANK_S", 10.0)
+    monkeypatch.setattr(hypergrid.timing, "PER_PARTICIPANT_S", 10.0)
     before = set(server.list_keys())
     started = time.monotonic()
     verdicts, _ = roll_call(server, 13, 5, [0, 1, 2, 3], bound=1.0, late={3: 1.3}, woken_at=1.0)
@@ -236,7 +238,7 @@ def test_an_answer_that_came_after_the_roster_was_read_gives_up_and_publishes_no
     assert {verdict.dead for verdict in verdicts.values()} == {(3,)}
     started = time.monotonic()
     assert late.close(f"{FAILURE} test", started, BOUND) is None  # not a verdict of its own: the call is gone
-    assert time.monotonic() - started < BOUND + liveness.BACKUP_S + 2.0
+    assert time.monotonic() - started < BOUND + Timing().backup_s + 2.0
     assert added(server, before) == set(world_keys(world))  # nothing written into the incident the others ended
 
 

@@ -26,10 +26,12 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from benchmarks.guard import CountingStore
 from hypergrid.agreement import relay as relay_module
+from hypergrid.agreement import watcher as watcher_module
 from hypergrid.agreement.liveness import FAILURE, PROBE, members_key
 from hypergrid.agreement.nodewatch import Member, NodeWatch
 from hypergrid.agreement.relay import CONTROL, Relay
 from hypergrid.agreement.watcher import Watcher
+from hypergrid.launch.memberlog import MemberLog
 
 TIMEOUT = datetime.timedelta(seconds=30)
 pytestmark = pytest.mark.timeout(60)
@@ -238,4 +240,69 @@ def test_a_relay_without_an_agent_is_none_and_one_not_acknowledged_answers_for_i
     verdict = watchers[0].report(PROBE, "x")  # they answer for themselves
     assert verdict is not None and verdict.dead == () and not fenced
     assert not [path for path in os.listdir(tmp_path) if path != CONTROL]  # their FIFOs went
+    _close(watchers)
+
+
+def test_a_worker_that_joins_again_while_a_roll_call_is_open_is_answered_for_and_never_named_dead(
+    server: Any, agent: tuple[NodeWatch, list[tuple[str, str]]]
+) -> None:
+    """Churn (issue 53): a rank leaves the watch and joins again (its grid destroyed, the next made) after its agent
+    answered an open roll call for the others. The call counts it from its join on; its agent answers it at once."""
+    watch, _ = agent
+    watchers, fenced = _watchers(server, watch.directory, 16, 4, range(4))
+    _close(watchers[3:])  # rank 3 left the watch (its last grid destroyed)
+    found: list[Any] = []
+    caller = threading.Thread(target=lambda: found.append(watchers[0].report(PROBE, "a wait took long")))
+    caller.start()
+    assert _until(lambda: watch.answered == 1)  # the agent answered for ranks 0-2; the closers wait for rank 3
+    again = Watcher(_client(server), _client(server), 16, 3, 4, liveness_s=0.5, on_fence=fenced.setdefault,
+                    relay=Relay.open(watch.directory, 16, 3, 4)).start()  # fmt: skip
+    caller.join(10)
+    assert found and found[0] is not None and found[0].dead == (), found
+    assert _until(lambda: 0 in again.verdicts) and not fenced, fenced  # it read the verdict from its FIFO
+    _close([*watchers[:3], again])
+
+
+def test_a_worker_that_leaves_is_answered_for_until_the_watch_no_longer_lists_it(
+    server: Any, agent: tuple[NodeWatch, list[tuple[str, str]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Churn (issue 53): a roll call called while a rank leaves the watch never finds it listed and unanswered."""
+    watch, _ = agent
+    watchers, fenced = _watchers(server, watch.directory, 17, 4, range(4))
+    found: list[Any] = []
+    real = watcher_module.record_member
+
+    def leaving(store: Any, world: int, rank: int, joined: bool, dead: int = 0) -> int:
+        if world == 17 and rank == 3 and not joined:  # a roll call just before the watch hears that rank 3 left
+            found.append(watchers[0].report(PROBE, "a wait took long"))
+        return real(store, world, rank, joined, dead)
+
+    monkeypatch.setattr(watcher_module, "record_member", leaving)
+    watchers[3].leave()
+    assert found and found[0] is not None and found[0].dead == (), found
+    assert not fenced, fenced
+    _close(watchers)
+
+
+def test_a_roll_call_declares_the_members_the_log_records_dead_even_where_they_never_joined(
+    server: Any, agent: tuple[NodeWatch, list[tuple[str, str]]]
+) -> None:
+    """One decision path (issue 53): the agent's announcement is first an entry of the round's log, and every roll
+    call the agent answers declares it. Here the call went nowhere (rank 3 died before it joined the watch, as when
+    every rank was between two grids): a later probe names rank 3 dead, where it was merely late before."""
+    watch, _ = agent
+    log = MemberLog(server, "L/")
+    log.append("formed", world=18, members=["0", "1", "2", "3"], excluded=[], retired=[])
+    log.append("dead", members=["3"], said="died by signal SIGKILL", world=18)
+    fenced: dict[int, str] = {}
+
+    def one(rank: int) -> Watcher:
+        relay = Relay.open(watch.directory, 18, rank, 4)
+        return Watcher(_client(server), _client(server), 18, rank, 4, liveness_s=0.5, on_fence=fenced.setdefault,
+                       relay=relay).start()  # fmt: skip
+
+    watchers = [one(rank) for rank in range(3)]
+    verdict = watchers[1].report(PROBE, "a guard round waits for rank 3")
+    assert verdict is not None and verdict.dead == (3,), verdict
+    assert _until(lambda: all(watcher.failure is not None for watcher in watchers)) and not fenced
     _close(watchers)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-from hypergrid.agreement import liveness
+import hypergrid.timing
 from hypergrid.agreement.liveness import world_keys
 from tests.agreement.test_liveness import roll_call
 from tests.agreement.test_rollcall_scale import CLOSER_OPS
@@ -35,7 +35,7 @@ def server() -> Iterator[Any]:
 @pytest.fixture(autouse=True)
 def no_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     """10 s per rank: the fallback (`liveness.bound_s` from the call) is far; only the rule under test closes."""
-    monkeypatch.setattr(liveness, "PER_RANK_S", 10.0)
+    monkeypatch.setattr(hypergrid.timing, "PER_PARTICIPANT_S", 10.0)
 
 
 @pytest.mark.timeout(60)

@@ -19,8 +19,9 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from benchmarks import rollcall
 from benchmarks.guard import CountingStore
-from hypergrid.agreement.liveness import FAILURE, INCIDENT_KEYS, PROBE, QUIET_READS, record_member, world_keys
+from hypergrid.agreement.liveness import FAILURE, INCIDENT_KEYS, PROBE, record_member, world_keys
 from hypergrid.agreement.watcher import Watcher
+from hypergrid.timing import QUIET_READS
 
 TIMEOUT = datetime.timedelta(seconds=60)
 #: A closer's store operations at most, whatever the number of ranks (see the 1,024-rank test).
