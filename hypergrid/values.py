@@ -9,7 +9,17 @@ import numpy as np
 
 from hypergrid.errors import InvalidArgumentError, public
 
-__all__ = ["MAX_TIMEOUT_S", "as_int", "as_number", "is_int", "check_timeout", "first_line", "format_ranks", "shown"]
+__all__ = [
+    "MAX_TIMEOUT_S",
+    "as_int",
+    "as_number",
+    "is_int",
+    "check_timeout",
+    "described",
+    "first_line",
+    "format_ranks",
+    "shown",
+]
 
 #: The longest timeout hypergrid passes on (100 years, in seconds). torch and gloo turn a
 #: timeout into a deadline, now + timeout, in int64 nanoseconds since 1970, which overflows at
@@ -72,6 +82,17 @@ def first_line(error: BaseException) -> str:
     """
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def described(error: BaseException) -> str:
+    """An error as one line: its class and the first line of its message (torch's store errors carry C++ frames
+    after it, which a launcher's report must not print).
+
+    Examples:
+        >>> described(RuntimeError("Connection reset by peer\\nException raised from recvBytes\\nframe #0: ..."))
+        'RuntimeError: Connection reset by peer'
+    """
+    return f"{type(error).__name__}: {first_line(error)}"
 
 
 def as_number(value: object) -> float | None:

@@ -33,6 +33,7 @@ from hypergrid.agreement.relay import CONTROL, runs, send
 from hypergrid.binding.alarm import is_store_loss
 from hypergrid.launch.memberlog import MemberLog, dead_ranks
 from hypergrid.timing import FOREVER_S, Timing
+from hypergrid.values import described, first_line
 
 __all__ = ["Follow", "NodeWatch"]
 
@@ -145,7 +146,8 @@ class NodeWatch:
                 try:
                     self._on(json.loads(line))
                 except Exception as error:  # never expected: said, and the listener goes on
-                    self.report(f"the node's watch could not handle {line[:200]!r} ({type(error).__name__}: {error})")
+                    said = described(error)
+                    self.report(f"the node's watch could not handle {line[:200]!r} ({said})")
 
     def _on(self, message: dict[str, Any]) -> None:
         if "join" in message:
@@ -297,9 +299,9 @@ class Follow:
                 return
             if is_store_loss(error):  # its workers' grid waits end with StoreLostError, as a watcher's loss does
                 self.watch.lost = True
-                self._tell({"lost": str(error)[:500]})
+                self._tell({"lost": first_line(error)[:500]})
             else:  # said aloud: the node's workers are answered for no more, the others find them dead
-                self.watch.report(f"the node's watch of world {self.world} stops ({type(error).__name__}: {error})")
+                self.watch.report(f"the node's watch of world {self.world} stops ({described(error)})")
             return
         finally:
             self.ended = True

@@ -41,6 +41,7 @@ from hypergrid.agreement.liveness import (
 from hypergrid.agreement.relay import Relay
 from hypergrid.binding.alarm import Job, is_store_loss
 from hypergrid.timing import FOREVER_S, Timing
+from hypergrid.values import described
 
 __all__ = ["Verdict", "Watcher", "watching_enabled"]
 
@@ -168,9 +169,8 @@ class Watcher:
         return not self._thread.is_alive()
 
     def leave(self) -> None:
-        """This rank's process ends normally: once an incident it answered has its verdict (its read counted, else
-        the incident's keys stay; at most the roll call's bound and its grace), say so (it is not dead), then stop:
-        until the watch no longer lists it, it is answered for (by its thread, or the agent through the relay)."""
+        """This rank's process ends normally: once an incident it answered has its verdict (its read counted; at most
+        the roll call's bound and its grace), it leaves the watch, answered for until then (its agent), then stops."""
         if self.stopped or self.fenced:
             return
         deadline = time.monotonic() + bound_s(len(self.expected), self.liveness_s) + Timing.from_env().report_grace_s
@@ -239,7 +239,9 @@ class Watcher:
             if is_store_loss(error) and self.job is not None:  # every grid wait of this rank ends with StoreLostError
                 self.job.lose_store(error)
             else:  # never expected, so said aloud: its rank no longer answers roll calls, the others find it dead
-                LOGGER.warning("hypergrid watcher of world %s rank %s stops on %r", self.world, self.rank, error)
+                LOGGER.warning(
+                    "hypergrid watcher of world %s rank %s stops on %s", self.world, self.rank, described(error)
+                )
 
     def _answer_next(self) -> bool:
         """One blocking wait on the wake key (set by a call written before the wait: kept), then the incident; False

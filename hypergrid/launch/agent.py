@@ -41,7 +41,7 @@ from hypergrid.launch.outcomes import WorkerOutcome, judge, summary
 from hypergrid.launch.replacements import Replacements
 from hypergrid.launch.ring import AgentRing, local_address
 from hypergrid.timing import Timing
-from hypergrid.values import format_ranks
+from hypergrid.values import described, format_ranks
 
 __all__ = ["MinHealthyAgent", "WorkerOutcome", "report"]
 
@@ -172,7 +172,7 @@ class MinHealthyAgent(LocalElasticAgent):
         try:
             ring.start()
         except Exception as error:  # the job runs on; the others' workers find this node's deaths their own way
-            report(f"could not join the agents' ring ({type(error).__name__}: {error})")
+            report(f"could not join the agents' ring ({described(error)})")
             ring.close()  # (its record of leaving: the agent watching this one finds no death)
             return
         self.ring = ring
@@ -195,7 +195,7 @@ class MinHealthyAgent(LocalElasticAgent):
         try:
             health.count_dead_agent(index, ranks, f"ring {self._index()}", self._read_accounted)
         except Exception as error:  # (the store's host was the dead agent: nothing left to count on)
-            report(f"could not count ranks {format_ranks(ranks)} as failed ({type(error).__name__}: {error})")
+            report(f"could not count ranks {format_ranks(ranks)} as failed ({described(error)})")
 
     def _handlers(self) -> dict[int, Any]:
         return cast(dict[int, Any], getattr(self._pcontext, "subprocess_handlers", None) or {})
@@ -276,7 +276,7 @@ class MinHealthyAgent(LocalElasticAgent):
         try:
             self.on_death(self._client(), self.log, members, self.job_workers, said)
         except Exception as error:  # the survivors find it their own way: a failed operation, a probe
-            report(f"could not tell the survivors of {', '.join(members)} ({type(error).__name__}: {error})")
+            report(f"could not tell the survivors of {', '.join(members)} ({described(error)})")
 
     def _judge(self, barrier: str) -> WorkerState:
         """Every worker of the job has exited: mark the deaths a shrink accounted for, and give the verdict."""
@@ -285,7 +285,7 @@ class MinHealthyAgent(LocalElasticAgent):
         try:
             listed = health.shrunk() if barrier == "done" else self._read_accounted()
         except Exception as error:  # no store, no proof: every death counts as unaccounted
-            report(f"could not read which deaths a shrink accounted for ({type(error).__name__}: {error})")
+            report(f"could not read which deaths a shrink accounted for ({described(error)})")
             listed = ""
         health.leave(index=self._index())
         shrunk = parse_members(listed)

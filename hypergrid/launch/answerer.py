@@ -14,6 +14,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from hypergrid.values import described
+
 __all__ = ["NODE_WATCH_ENV", "NodeAnswerer", "NodeWatchFactory"]
 
 #: The environment variable that names the directory of the agent that answers the roll call for its workers.
@@ -54,7 +56,7 @@ class NodeAnswerer:
             self.watch = self.factory(connect, log, directory, self.report)
             self.watch.start()
         except Exception as error:  # the workers answer for themselves
-            self.report(f"the agent cannot answer for its workers ({type(error).__name__}: {error}); each answers")
+            self.report(f"the agent cannot answer for its workers ({described(error)}); each answers")
             self.watch = None
             shutil.rmtree(directory, ignore_errors=True)
             return False

@@ -33,7 +33,7 @@ from hypergrid.launch.agent import MinHealthyAgent, report
 from hypergrid.launch.answerer import NodeWatchFactory
 from hypergrid.launch.flags import OneLineParser, check_flags, flag_error
 from hypergrid.timing import FOREVER_S
-from hypergrid.values import first_line
+from hypergrid.values import described, first_line
 
 __all__ = ["configure", "launch", "main", "parser"]
 
@@ -261,10 +261,10 @@ def launch(
     except DistNetworkError as error:  # the job's store is gone (its host died): nothing to close, nobody to tell
         close_rendezvous = False  # (closing it waits out torch's connect timeout, 30 s, and its retry)
         events.record(agent.get_event_failed(), config.event_log_handler)
-        agent.record_stop(f"failed: the job's store is gone ({type(error).__name__}: {first_line(error)})")
+        agent.record_stop(f"failed: the job's store is gone ({described(error)})")
     except Exception as error:
         events.record(agent.get_event_failed(), config.event_log_handler)
-        agent.record_stop(f"failed: the agent raised {type(error).__name__}: {error}")
+        agent.record_stop(f"failed: the agent raised {described(error)}")
     finally:
         if close_rendezvous:
             handler.shutdown()
@@ -304,5 +304,5 @@ def main(
         print(f"error: {error}", file=sys.stderr)
         return _USAGE
     except Exception as error:  # the launch could not start (e.g. the rendezvous endpoint is unreachable)
-        report(f"failed before any worker started: {type(error).__name__}: {first_line(error)}")
+        report(f"failed before any worker started: {described(error)}")
         return _FAILED

@@ -24,6 +24,7 @@ from typing import Any
 
 from hypergrid.launch.memberlog import parse_members
 from hypergrid.timing import CONNECT_TRIES, KEEPALIVE_PROBES, Timing
+from hypergrid.values import described
 
 __all__ = ["BYE", "AgentRing", "local_address"]
 
@@ -175,7 +176,7 @@ class AgentRing:
                 try:
                     self.on_lost(target, ranks, said)
                 except Exception as error:  # (a daemon thread: say it, never lose it)
-                    self.report(f"the ring could not act on node {target}'s death ({type(error).__name__}: {error})")
+                    self.report(f"the ring could not act on node {target}'s death ({described(error)})")
             target = (target + 1) % self.agents
 
     def _address(self, store: Any, target: int) -> tuple[str, int, list[int]] | None:

@@ -15,9 +15,9 @@ from benchmarks import chaos
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 
-#: The cases that hold in every run measured (``make chaos``: 30 of 30). ``churn`` is left out: a death inside torch's
-#: creation of a group (after the guard agreed) still holds the survivors until the creation's bound, 300 s (issue
-#: 53, left open); ``during-growth`` was measured in a few runs only.
+#: The cases that hold in every run measured (``make chaos``: 30 of 30). ``churn`` is left out: a survivor whose
+#: gloo connection to a member that published its address and then died is still held inside torch (about 1 run in
+#: 7; issue 53, left open); ``during-growth`` was measured in a few runs only.
 HOLDING = ("resume", "grow-death", "two-at-once")
 
 
