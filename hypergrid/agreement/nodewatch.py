@@ -230,6 +230,7 @@ class Follow:
         self.incident: Incident | None = None
         self.waiting = ""  # the wake key the thread waits on
         self.log_read: MemberLog | None = None  # the round's log, as the thread read it (`_declare`)
+        self.late: list[int] = []  # members that joined while `incident` was answered, answered by `add`
         self._lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name=f"hypergrid-node-follow-{world}", daemon=True)
 
@@ -246,8 +247,9 @@ class Follow:
             elif first > self.number and self.incident is None:
                 self.number = first
                 self._wake()
-            elif self.incident is not None and first <= self.incident.number:
-                late = self.incident
+            elif self.incident is not None and first <= self.incident.number and rank not in self.incident.ranks:
+                late = self.incident if rank not in self.late else None
+                self.late.append(rank)  # (a reader of its verdict too: `_handle`)
             number = self.number
         if late is not None:
             prefix, expected = late.prefix, late.expected
@@ -318,7 +320,7 @@ class Follow:
             window = Timing.from_env().pulse_window_s
             answering = [rank for rank, member in members.items() if member.answers(window)]
             incident = Incident(self.store, incident_prefix(self.world, number), min(members), expected, answering)
-            self.incident = incident
+            self.incident, self.late = incident, []
         incident.stop, incident.waker = (lambda: self.stopped), self.side
         call = incident.answer()
         if answering and call is not None and not call.startswith(END):
@@ -341,6 +343,8 @@ class Follow:
                 self._tell({"fence": f"world {self.world} went on without this rank (incident {number} ended "
                                      "without it)"})  # fmt: skip
             return False
+        with self._lock:  # the ranks answered since they joined read the verdict too (the last reader cleans up)
+            incident.ranks, self.late = tuple(sorted({*incident.ranks, *self.late})), []
         incident.conclude(verdict)
         with self._lock:
             self.number = number + 1

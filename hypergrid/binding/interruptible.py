@@ -58,16 +58,23 @@ class InterruptibleStore(dist.Store):  # type: ignore[misc,name-defined]  # torc
         self._waiting: set[str] = set()
         self._lock = threading.Lock()
 
-    def interrupt(self, error: BaseException) -> None:
-        """End every wait of the store now and later with ``error`` (once; nothing once disarmed)."""
+    def interrupt(self, error: BaseException, settle_s: float = 1.0) -> None:
+        """End every wait of the store now and later with ``error`` (once; nothing once disarmed).
+
+        A wait that registered with the store just after the wake-up went out missed it: the keys still awaited are
+        woken again every 50 ms, for at most ``settle_s``."""
         with self._lock:
             if not self._armed or self._error is not None:
                 return
             self._error = error
-            waiting = sorted(self._waiting)
-        for key in waiting:  # a read of an absent key wakes its waiters (they find it absent, and raise)
-            with contextlib.suppress(RuntimeError):
-                self.waker.compare_set(key, _ABSENT, _ABSENT)
+        deadline = time.monotonic() + settle_s
+        while (waiting := sorted(self._waiting)) and self._armed:
+            for key in waiting:  # a read of an absent key wakes its waiters (they find it absent, and raise)
+                with contextlib.suppress(RuntimeError):
+                    self.waker.compare_set(key, _ABSENT, _ABSENT)
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
 
     def disarm(self) -> None:
         """The world is formed: waits are the inner store's from now on."""
@@ -116,6 +123,9 @@ class InterruptibleStore(dist.Store):  # type: ignore[misc,name-defined]  # torc
 
     def add(self, key: str, value: int) -> int:
         return int(self.inner.add(key, value))
+
+    def append(self, key: str, value: str | bytes) -> None:
+        self.inner.append(key, value)
 
     def check(self, keys: Sequence[str]) -> bool:
         return bool(self.inner.check(list(keys)))
@@ -170,16 +180,17 @@ def interruptible_default_store(waker: Any) -> Iterator[InterruptibleStore | Non
     armed `InterruptibleStore`, interrupted through ``waker`` (the same key space, another connection); yields it,
     or None where torch has no default group.
 
-    The store stays in place afterwards, disarmed (a plain pass-through, as after a shrink's formation): the groups
-    made inside keep it under their prefixes, and the next creation arms it again.
+    torch's own store is back in place afterwards: the groups made inside keep the wrapper under their prefixes,
+    disarmed (a plain pass-through, as after a shrink's formation); every other use of the default store stays
+    torch's (no Python in its path).
 
     Examples:
         >>> import torch.distributed as dist
         >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         >>> with interruptible_default_store(dist.HashStore()) as store:
         ...     group = dist.new_group([0])
-        >>> type(store).__name__, store._armed
-        ('InterruptibleStore', False)
+        >>> type(store).__name__, store._armed, dist.distributed_c10d._get_default_store() is store
+        ('InterruptibleStore', False, False)
         >>> dist.destroy_process_group()
     """
     default = dist.group.WORLD
@@ -188,11 +199,11 @@ def interruptible_default_store(waker: Any) -> Iterator[InterruptibleStore | Non
         yield None
         return
     backend, store = entry
-    if not isinstance(store, InterruptibleStore):
-        store = InterruptibleStore(store, waker)
-        c10d._world.pg_map[default] = (backend, store)  # type: ignore[index]  # (not None: found above)
-    store.arm(waker)
+    wrapper = store if isinstance(store, InterruptibleStore) else InterruptibleStore(store, waker)
+    c10d._world.pg_map[default] = (backend, wrapper)  # type: ignore[index]  # (not None: found above)
+    wrapper.arm(waker)
     try:
-        yield store
+        yield wrapper
     finally:
-        store.disarm()
+        wrapper.disarm()
+        c10d._world.pg_map[default] = (backend, store)  # type: ignore[index]

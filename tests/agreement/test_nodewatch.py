@@ -260,6 +260,8 @@ def test_a_worker_that_joins_again_while_a_roll_call_is_open_is_answered_for_and
     caller.join(10)
     assert found and found[0] is not None and found[0].dead == (), found
     assert _until(lambda: 0 in again.verdicts) and not fenced, fenced  # it read the verdict from its FIFO
+    # ...and counts among its readers: the last one deletes the incident's keys (the next call goes to incident 1)
+    assert _until(lambda: not [key for key in server.list_keys() if key.startswith("hypergrid/live/16/0/")])
     _close([*watchers[:3], again])
 
 
