@@ -58,33 +58,21 @@ class InterruptibleStore(dist.Store):  # type: ignore[misc,name-defined]  # torc
         self._waiting: set[str] = set()
         self._lock = threading.Lock()
 
-    def interrupt(self, error: BaseException, settle_s: float = 1.0) -> None:
-        """End every wait of the store now and later with ``error`` (once; nothing once disarmed).
-
-        A wait that registered with the store just after the wake-up went out missed it: the keys still awaited are
-        woken again every 50 ms, for at most ``settle_s``."""
+    def interrupt(self, error: BaseException) -> None:
+        """End every wait of the store now and later with ``error`` (once; nothing once disarmed)."""
         with self._lock:
             if not self._armed or self._error is not None:
                 return
             self._error = error
-        deadline = time.monotonic() + settle_s
-        while (waiting := sorted(self._waiting)) and self._armed:
-            for key in waiting:  # a read of an absent key wakes its waiters (they find it absent, and raise)
-                with contextlib.suppress(RuntimeError):
-                    self.waker.compare_set(key, _ABSENT, _ABSENT)
-            if time.monotonic() >= deadline:
-                return
-            time.sleep(0.05)
+            waiting = sorted(self._waiting)
+        for key in waiting:  # a read of an absent key wakes its waiters (they find it absent, and raise)
+            with contextlib.suppress(RuntimeError):
+                self.waker.compare_set(key, _ABSENT, _ABSENT)
 
     def disarm(self) -> None:
         """The world is formed: waits are the inner store's from now on."""
         with self._lock:
             self._armed = False
-
-    def arm(self, waker: Any) -> None:
-        """Waits may be ended again (a new creation on the world's store): no error yet, ``waker`` interrupts."""
-        with self._lock:
-            self.waker, self._error, self._armed = waker, None, True
 
     def _raise(self) -> None:
         if self._error is not None and self._armed:
@@ -199,9 +187,10 @@ def interruptible_default_store(waker: Any) -> Iterator[InterruptibleStore | Non
         yield None
         return
     backend, store = entry
-    wrapper = store if isinstance(store, InterruptibleStore) else InterruptibleStore(store, waker)
+    # A store of its own: a shrink's world keeps its formation's store, whose late interrupt (a verdict on the
+    # attempt) must not reach this creation.
+    wrapper = InterruptibleStore(store, waker)
     c10d._world.pg_map[default] = (backend, wrapper)  # type: ignore[index]  # (not None: found above)
-    wrapper.arm(waker)
     try:
         yield wrapper
     finally:
