@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hypergrid.binding.cpplog import quiet_cpp_log
 from hypergrid.errors import FencedError, HyperGridError, RankFailure, StoreLostError
 from hypergrid.launch.answerer import NODE_WATCH_ENV
 from hypergrid.timing import Timing
@@ -134,6 +135,7 @@ class Job:
             if self.store_lost is None:
                 self.store_lost = error
             alarms = list(self.alarms)
+        quiet_cpp_log()  # each other connection's failure would log its C++ stack: hypergrid says it once
         for alarm in alarms:
             if alarm.sever is not None:
                 alarm.sever()
