@@ -30,6 +30,7 @@ def test_a_sigkill_is_named_by_the_roll_call_and_every_survivor_recovers_with_60
         assert seen["detect_s"] < 30.0, (rank, seen)  # not the groups' 600 s: the roll call named it
         assert seen["regrid"] == {"dead": [5], "retired": rank == 4, "attempts": 1}, (rank, seen)
         assert seen["written"] > 0 and seen["left"] == [], (rank, seen)  # every hypergrid key is gone
+        assert seen["outside"] == [], (rank, seen)  # every key the failure layer wrote is under hypergrid/
         assert seen["stored"] == [], (rank, seen)  # torch's rendezvous keys under the world's prefix too
         assert seen["announcements"] == [], (rank, seen)  # the dead rank's too
         if rank != 4:

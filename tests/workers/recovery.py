@@ -13,6 +13,7 @@ import datetime
 import os
 import signal
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -67,27 +68,41 @@ def _step(grid: Any) -> float:
 
 
 class KeyRecorder:
-    """Every ``hypergrid/`` key this process writes through a store object, to check at the end that none is left.
+    """Every ``hypergrid/`` key this process writes through a store object, to check at the end that none is left;
+    and every key hypergrid's own code writes (``outside``: those not under ``hypergrid/``, issue 53's one namespace).
 
     Patches the write methods of torch's store classes (the calls hypergrid makes from Python; torch's own
-    C++ writes, its rendezvous keys, are not hypergrid's).
+    C++ writes, its rendezvous keys, are not hypergrid's). A key is hypergrid's when the Python code that asked for
+    the write is in the ``hypergrid`` package, past its pass-through store (`InterruptibleStore` writes what torch
+    asks it to).
     """
 
     METHODS = ("set", "add", "append", "compare_set", "multi_set")
+    PASS_THROUGH = "hypergrid.binding.interruptible"
 
     def __init__(self) -> None:
         self.written: list[tuple[Any, str]] = []
+        self.outside: set[str] = set()
         for cls in (dist.TCPStore, dist.PrefixStore, dist.HashStore):
             for name in self.METHODS:
                 original = getattr(cls, name)
 
                 def record(store: Any, key: Any, *args: Any, _original: Any = original) -> Any:
+                    mine = self._asked_by_hypergrid()
                     for one in key if isinstance(key, list) else [key]:
                         if str(one).startswith("hypergrid/"):
                             self.written.append((store, str(one)))
+                        elif mine:
+                            self.outside.add(str(one))
                     return _original(store, key, *args)
 
                 setattr(cls, name, record)
+
+    def _asked_by_hypergrid(self) -> bool:
+        frame = sys._getframe(2)  # (above record: the caller of the store's method)
+        while frame is not None and frame.f_globals.get("__name__") == self.PASS_THROUGH:
+            frame = frame.f_back  # type: ignore[assignment]
+        return frame is not None and str(frame.f_globals.get("__name__", "")).startswith("hypergrid.")
 
     def left(self, base: Any, busy: Any) -> list[str]:
         """The keys written that are still in their store; ``base`` (the main thread's connection to the job's
@@ -139,6 +154,7 @@ def _left_behind(out: dict[str, Any], keys: KeyRecorder, old_store: Any, base: A
     """Once every survivor destroyed its grid: the hypergrid keys still stored (none may be)."""
     base.wait(["test/done"])
     out["written"] = len({key for _, key in keys.written})
+    out["outside"] = sorted(keys.outside)
     out["left"] = keys.left(base, busy)
     out["stored"] = sorted(key for key in base.list_keys() if key.startswith("hypergrid/"))  # torch's keys too
     out["announcements"] = [r for r in range(8) if old_store.check([announce_key(r)])]
