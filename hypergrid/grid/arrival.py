@@ -124,6 +124,7 @@ class Growth(Facet):
             DesyncError: the draft's grid is not this one (its dims differ).
             FencedError: the others went on without it (it stopped while it joined).
             RankFailure: as ``shrink`` (the new world could not form).
+            StoreLostError: the job's store is gone (its host died), as on the job's ranks.
 
         Examples:
             >>> import torch.distributed as dist
@@ -145,28 +146,30 @@ class Growth(Facet):
         timing = Timing.from_env(self._core.root.guard_timeout_s)  # (a bad setting is refused before registering)
         held = self._core.registry.world  # a rank a shrink retired: the job it was in
         store = store if store is not None else held.base_store if held is not None else job_store()
-        arrivals = Arrivals(store)
-        grid = self._core.root
-        number = arrivals.register(origin_digest(grid), describe_arrival())
-        if number is None:  # the job ended already
-            return None
-        log = job_log(store)
-        if log is not None:  # under hypergrid.run: who it is, before any shrink can take it in
-            log.append("arrived", arrival=number, member=member_id(number), pid=os.getpid())
-        heartbeat = Heartbeat(_connection(store), number, timing).start()
-        regrid = None
-        try:
-            while True:
-                text = _await_draft(arrivals, store, number, deadline, waking, timing.arrival_window_s)
-                if text is None:
-                    return None
-                regrid = _join(grid, store, number, json.loads(text), snapshots)
-                if regrid is not None:
-                    return regrid
-                arrivals.withdraw(number)  # drafted, then a later attempt went on without it: it waits again
-        finally:
-            heartbeat.stop()
-            arrivals.depart(number, joined=regrid is not None)
+        job = held.job if held is not None else Job(store)
+        with job.store_calls("arrive"):  # the store's loss: StoreLostError, as on the job's ranks
+            arrivals = Arrivals(store)
+            grid = self._core.root
+            number = arrivals.register(origin_digest(grid), describe_arrival())
+            if number is None:  # the job ended already
+                return None
+            log = job_log(store)
+            if log is not None:  # under hypergrid.run: who it is, before any shrink can take it in
+                log.append("arrived", arrival=number, member=member_id(number), pid=os.getpid())
+            heartbeat = Heartbeat(_connection(store), number, timing).start()
+            regrid = None
+            try:
+                while True:
+                    text = _await_draft(arrivals, store, number, deadline, waking, timing.arrival_window_s)
+                    if text is None:
+                        return None
+                    regrid = _join(grid, store, number, json.loads(text), snapshots)
+                    if regrid is not None:
+                        return regrid
+                    arrivals.withdraw(number)  # drafted, then a later attempt went on without it: it waits again
+            finally:
+                heartbeat.stop()
+                arrivals.depart(number, joined=regrid is not None)
 
 
 def _connection(store: Any) -> Any:
@@ -196,7 +199,7 @@ def _await_draft(
         if world is not None and world != woken and not arrivals.considered(number):
             said = f"a process arrived to join the grid (arrival {number})"
             woken = world if wake(store, world[0], world[1], said) else woken
-        with contextlib.suppress(RuntimeError):  # (torch's timeout: look again)
+        with contextlib.suppress(dist.DistStoreError):  # (torch's timeout: look again; a lost store raises)
             store.wait([Arrivals.key("draft", number)], datetime.timedelta(seconds=look_s))
 
 

@@ -297,6 +297,7 @@ class Elastic(Facet):
                 is missing.
             RankError: the caller is not one of the grid's spares.
             NotInitializedError: torch.distributed is not initialized.
+            StoreLostError: the job's store is gone while it waits (its host died), as on the grid's ranks.
         """
         require_initialized("standby")
         checked = None if timeout_s is None else check_timeout(timeout_s, "timeout_s")  # before any wait
@@ -312,13 +313,14 @@ class Elastic(Facet):
                 )
             store, number = world.base_store, world.number
             wake = functools.partial(diagnosis.read, world.calls, call_key(number))  # a fence ends the wait
-            with world.alarm.listening(wake, fence_only=True):
-                call = wait_for_call(store, number, gone=functools.partial(_left_behind, world))
-            if not call.startswith(_SHRINK):
-                if store.add(release_key(number), 1) == grid.spares:
-                    store.delete_key(release_key(number))
-                    store.delete_key(call_key(number))
-                return None
+            with world.job.store_calls("standby"):  # the store's loss: StoreLostError, as on the grid's ranks
+                with world.alarm.listening(wake, fence_only=True):
+                    call = wait_for_call(store, number, gone=functools.partial(_left_behind, world))
+                if not call.startswith(_SHRINK):
+                    if store.add(release_key(number), 1) == grid.spares:
+                        store.delete_key(release_key(number))
+                        store.delete_key(call_key(number))
+                    return None
             proposal = Proposal.decode(call[len(_SHRINK) :])
             default = world.timing.with_group_timeout(grid.guard_timeout_s).shrink_timeout_s
             timeout = default if checked is None else checked

@@ -28,13 +28,17 @@ pytestmark = [pytest.mark.processes]
 SIZE = 4
 
 
-def _run(tmp_path: Path, watch: str) -> dict[int, dict[str, dict[str, Any]]]:
-    """Run the job; what each survivor's calls raised."""
+def _run(tmp_path: Path, watch: str, spares: int = 0) -> dict[int, dict[str, dict[str, Any]]]:
+    """Run the job (``spares`` more ranks, in ``standby``); what each survivor's calls raised."""
     context = mp.get_context("spawn")
     port = free_port()
+    size = SIZE + spares
     workers = [
-        context.Process(target=store_death.run, args=(rank, SIZE, port, str(tmp_path), watch)) for rank in range(SIZE)
+        context.Process(target=store_death.run, args=(rank, size, port, str(tmp_path), watch, spares))
+        for rank in range(size)
     ]
+    if spares:  # and an arrival waiting to join
+        workers.append(context.Process(target=store_death.arrival, args=(port, str(tmp_path))))
     for worker in workers:
         worker.start()
     try:
@@ -46,7 +50,10 @@ def _run(tmp_path: Path, watch: str) -> dict[int, dict[str, dict[str, Any]]]:
             worker.kill()
     assert not alive, "a survivor hung"
     assert workers[0].exitcode == -9
-    return {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(1, SIZE)}
+    seen = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(1, size)}
+    if spares:
+        seen[size] = json.loads((tmp_path / "arrival.json").read_text())
+    return seen
 
 
 @pytest.mark.timeout(120)
@@ -63,3 +70,16 @@ def test_without_watchers_a_guard_round_translates_the_store_loss(tmp_path: Path
     for rank, seen in _run(tmp_path, "0").items():
         raised = seen["create_pg"]
         assert raised["type"] == "StoreLostError" and raised["cause"] == "DistNetworkError", (rank, raised)
+
+
+@pytest.mark.timeout(120)
+def test_a_spare_in_standby_and_an_arrival_get_store_lost_error_too(tmp_path: Path) -> None:
+    """Issue 54: the spares in ``standby`` raised torch's raw ``DistNetworkError`` where the grid's ranks raised
+    ``StoreLostError``, and an arrival waiting in ``arrive`` did too."""
+    seen = _run(tmp_path, "1", spares=2)
+    for rank, call in ((4, "standby"), (5, "standby"), (6, "arrive")):
+        raised = seen[rank][call]
+        assert raised["type"] == "StoreLostError" and raised["cause"] == "DistNetworkError", (rank, raised)
+        assert "the job's store is gone" in raised["message"], (rank, raised)
+    for rank in (1, 2, 3):
+        assert {raised["type"] for raised in seen[rank].values()} == {"StoreLostError"}, (rank, seen[rank])
