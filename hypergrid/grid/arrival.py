@@ -26,7 +26,7 @@ from hypergrid.agreement.world import World
 from hypergrid.binding.alarm import Job
 from hypergrid.binding.facet import Facet
 from hypergrid.errors import DesyncError, FencedError, InvalidArgumentError, RankFailure
-from hypergrid.grid.elastic import record
+from hypergrid.grid.elastic import check_resume, record
 from hypergrid.grid.intake import Intake, decode_families, origin_digest
 from hypergrid.grid.recovery import Recovery
 from hypergrid.grid.regrid import Regrid
@@ -77,8 +77,11 @@ class Growth(Facet):
             ...     print(error)
             grow: policy must be one of ['drop', 'spares', 'spares_then_drop'], got 'bad'
         """
-        self.layout._one_dim(dim)
-        check_policy(policy)  # (refused here, before torch.distributed is asked for)
+        self.layout._one_dim(dim)  # the arguments, refused here before torch.distributed is asked for
+        check_policy(policy)
+        if timeout_s is not None:
+            check_timeout(timeout_s, "timeout_s")
+        check_resume(self._core.root, "grow", dim, step, snapshots)
         regrid: Regrid = self._core.root.shrink(
             None, dim=dim, policy=policy, timeout_s=timeout_s, step=step, snapshots=snapshots
         )

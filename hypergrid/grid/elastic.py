@@ -70,7 +70,7 @@ def _left_behind(world: World) -> None:
     world.alarm.check_fence("standby")
 
 
-def _check_resume(root: Any, call: str, dim: str, step: object, snapshots: object) -> int | None:
+def check_resume(root: Any, call: str, dim: str, step: object, snapshots: object) -> int | None:
     """``step`` checked (None or a non-negative int), ``snapshots`` a `StepSnapshots` over a created ``dim``."""
     if snapshots is not None and step is not None:
         raise InvalidArgumentError(
@@ -159,11 +159,7 @@ class Elastic(Facet):
 
     # -- shrink ---------------------------------------------------------------
 
-    def _check_shrink(
-        self, dead: Iterable[int] | None, dim: object, policy: object, world: int, rank: int
-    ) -> list[int]:
-        self.layout._one_dim(dim)
-        check_policy(policy)
+    def _check_shrink(self, dead: Iterable[int] | None, world: int, rank: int) -> list[int]:
         named = [] if dead is None else check_ints("shrink", "dead", dead, 0, world - 1, limit=world, error=RankError)
         if rank in named:
             raise RankError(f"shrink: dead={shown(named)} names the calling rank {rank}; a survivor calls shrink")
@@ -260,13 +256,17 @@ class Elastic(Facet):
                 dead, dim=dim, policy=policy, timeout_s=timeout_s, step=step, snapshots=snapshots
             )
             return shrunk
+        # The arguments first, before torch.distributed is asked for: a bad one is named whatever the state.
+        self.layout._one_dim(dim)
+        check_policy(policy)
+        checked_timeout = None if timeout_s is None else check_timeout(timeout_s, "timeout_s")
+        checked_step = check_resume(root, "shrink", dim, step, snapshots)
         require_initialized("shrink")
         world = self._core.world_for("grid.shrink")  # a replaced grid refuses: nothing reaches the new world
         world.alarm.check_fence("grid.shrink")
         default = world.timing.with_group_timeout(grid.guard_timeout_s).shrink_timeout_s
-        timeout = default if timeout_s is None else check_timeout(timeout_s, "timeout_s")
-        named = self._check_shrink(dead, dim, policy, world.size, world.rank)
-        checked_step = _check_resume(root, "shrink", dim, step, snapshots)
+        timeout = default if checked_timeout is None else checked_timeout
+        named = self._check_shrink(dead, world.size, world.rank)
         recovery = Recovery(grid, world, world.size, timeout, checked_step, snapshots)
         families = _family_list(root)
         known = recovery.known_dead(named)
@@ -324,7 +324,7 @@ class Elastic(Facet):
             proposal = Proposal.decode(call[len(_SHRINK) :])
             default = world.timing.with_group_timeout(grid.guard_timeout_s).shrink_timeout_s
             timeout = default if checked is None else checked
-            _check_resume(grid._core.root, "standby", proposal.dim, None, snapshots)
+            check_resume(grid._core.root, "standby", proposal.dim, None, snapshots)
             recovery = Recovery(grid, world, world.size, timeout, snapshots=snapshots)
             regrid = _recover(recovery, proposal, _family_list(grid._core.root))
             if regrid.rank is not None and regrid.grid.layout.contains(regrid.rank):

@@ -313,3 +313,25 @@ def test_every_refusal_is_a_hypergrid_error_and_a_builtin() -> None:
     for error in (BackendError, InvalidArgumentError):
         assert issubclass(error, (HyperGridError, ValueError))
     assert issubclass(UnexpectedArgumentError, TypeError)
+
+
+@pytest.mark.parametrize("call", ["shrink", "grow"])
+@pytest.mark.parametrize(
+    ("argument", "said"),
+    [
+        ({"step": -1}, "step=-1: expected an int"),
+        ({"step": "x"}, "step='x': expected an int"),
+        ({"timeout_s": 0}, "timeout_s=0: expected a positive number of seconds"),
+        ({"snapshots": 3}, "snapshots=3: expected a hypergrid.StepSnapshots"),
+        ({"policy": "bad"}, "policy must be one of"),
+    ],
+)
+def test_shrink_and_grow_name_a_bad_argument_before_torch_distributed_is_asked_for(
+    call: str, argument: dict[str, Any], said: str
+) -> None:
+    """Issue 54: ``grow(step=-1)`` before init raised ``NotInitializedError``, not the bad argument."""
+    assert not dist.is_initialized()
+    grid = HyperCommGrid([2], ["dp"])
+    with pytest.raises(InvalidArgumentError) as refused:
+        getattr(grid, call)(**argument)
+    assert str(refused.value).startswith(f"{call}: {said}"), str(refused.value)
