@@ -34,7 +34,7 @@ from hypergrid.grid.snapshots import StepSnapshots
 from hypergrid.grid.succession import successor
 from hypergrid.launch.memberlog import job_log, member_id
 from hypergrid.launch.processes import job_store
-from hypergrid.layout.shrink import ShrinkPlan, check_policy
+from hypergrid.layout.shrink import ShrinkPlan, check_policy, check_replica_dim
 from hypergrid.timing import Timing
 from hypergrid.validation import check_bool, refuse
 from hypergrid.values import check_timeout
@@ -78,6 +78,7 @@ class Growth(Facet):
             grow: policy must be one of ['drop', 'spares', 'spares_then_drop'], got 'bad'
         """
         self.layout._one_dim(dim)  # the arguments, refused here before torch.distributed is asked for
+        check_replica_dim("grow", dim, self._core.root.replicas)
         check_policy(policy)
         if timeout_s is not None:
             check_timeout(timeout_s, "timeout_s")

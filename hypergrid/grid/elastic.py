@@ -27,7 +27,7 @@ from hypergrid.grid.snapshots import MAX_STEP, StepSnapshots
 from hypergrid.grid.succession import Recreation
 from hypergrid.launch.memberlog import job_log, record_world
 from hypergrid.layout import KEY_SEPARATOR, MAX_WORLD_SIZE
-from hypergrid.layout.shrink import check_policy
+from hypergrid.layout.shrink import check_policy, check_replica_dim
 from hypergrid.validation import check_int, check_ints, refuse
 from hypergrid.values import check_timeout, shown
 
@@ -258,6 +258,7 @@ class Elastic(Facet):
             return shrunk
         # The arguments first, before torch.distributed is asked for: a bad one is named whatever the state.
         self.layout._one_dim(dim)
+        check_replica_dim("shrink", dim, root.replicas)
         check_policy(policy)
         checked_timeout = None if timeout_s is None else check_timeout(timeout_s, "timeout_s")
         checked_step = check_resume(root, "shrink", dim, step, snapshots)

@@ -23,6 +23,7 @@ from hypergrid.grid.core import GridCore, RankView, check_fits
 from hypergrid.grid.elastic import check_spares
 from hypergrid.grid.front import FacetFront
 from hypergrid.layout import Dims, GridLayout, resolve_shape
+from hypergrid.layout.shrink import check_replicas
 from hypergrid.ops.collectives import check_collectives_flag
 from hypergrid.validation import check_bool, check_timeout, public_methods
 from hypergrid.values import shown
@@ -74,6 +75,8 @@ class HyperCommGrid(FacetFront):
             keyword overrides them for one family.
         spares: the last ``spares`` ranks of the world stay outside the grid, in
             ``standby``, to take a dead rank's place (see ``shrink``, docs/elastic.md).
+        replicas: the replica dims, whose every slice holds a whole copy of the model: the only dims ``shrink``
+            and ``grow`` drop or fill slices of (a dim name or a list; ``None``: ``dp`` where the grid has one).
         check_collectives: compare collectives' calls first (hypergrid.ops.checks); None: HYPERGRID_CHECK_COLLECTIVES.
 
     Raises:
@@ -82,7 +85,8 @@ class HyperCommGrid(FacetFront):
             raises) ``rank_offset + size`` exceeds the known world size.
         BackendError: ``backend`` is not None or a backend name.
         InvalidArgumentError: unknown ``strategy``, a bad ``guard_timeout_s``,
-            ``guard_progress_s`` or ``share_groups``, or a bad value in ``group_options``.
+            ``guard_progress_s`` or ``share_groups``, or a bad value in ``group_options``; ``replicas`` naming
+            a dim the grid lacks; spares on a grid whose every replica dim has size 1 (no replica to copy from).
         UnexpectedArgumentError: an unknown name in ``group_options``.
 
     Examples:
@@ -110,6 +114,7 @@ class HyperCommGrid(FacetFront):
         group_options: Mapping[str, Any] | None = None,
         spares: int = 0,
         check_collectives: bool | None = None,
+        replicas: str | Sequence[str] | None = None,
     ) -> None:
         world = world_size_hint()
         self.layout = GridLayout(resolve_shape(shape, world, rank_offset), dim_names, rank_offset)
@@ -123,6 +128,7 @@ class HyperCommGrid(FacetFront):
         self.check_collectives = check_collectives_flag(check_collectives)
         check_fits(self, world)
         self.spares = check_spares(spares, world, self.rank_offset + self.size)
+        self.replicas = check_replicas(replicas, self.dim_names, self.shape, self.spares)
         # All of the grid's state: its registry (shared with its views), views, pool and guard ledgers.
         self._core: GridCore = GridCore(self, self.layout)  # the facets see it as a FacetCore
         FacetFront.__init__(self, self._core)  # the facet objects over it, which FacetFront's methods delegate to

@@ -290,6 +290,25 @@ def _local(device_type: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device(device_type)
 
 
+def _no_holder(step: int, dim: str, flags: list[int]) -> str:
+    """Why no member of a ``dim`` group holds ``step``: no replica at all (a group of one), or too few snapshots.
+
+    Examples:
+        >>> _no_holder(4, "dp", [0])
+        "resuming at step 4: this rank's 'dp' group has no other member (dp has size 1), so no replica holds the ..."
+    """
+    if len(flags) == 1:
+        return (
+            f"resuming at step {step}: this rank's {dim!r} group has no other member ({dim} has size 1), so no "
+            "replica holds the step's state for a rank that lacks it (a drafted spare, an arrival): restore it from "
+            f"a checkpoint, or give {dim!r} 2 or more"
+        )
+    return (
+        f"resuming at step {step}: no replica of this rank's {dim!r} group holds that step (flags {flags}); keep "
+        "more snapshots (StepSnapshots(keep=...))"
+    )
+
+
 def share_step(grid: Any, dim: str, snapshots: StepSnapshots, step: int) -> bool:
     """Give the snapshot of ``step`` to the members of this rank's ``dim`` group that lack it; True if this rank did.
 
@@ -308,11 +327,7 @@ def share_step(grid: Any, dim: str, snapshots: StepSnapshots, step: int) -> bool
     if all(flags):
         return False
     if not any(flags):
-        raise RankFailure(
-            f"resuming at step {step}: no replica of this rank's {dim!r} group holds that step "
-            f"(flags {flags}); keep more snapshots (StepSnapshots(keep=...))",
-            [],
-        )
+        raise RankFailure(_no_holder(step, dim, flags), [])
     source = flags.index(1)
     mine = snapshots._get(step) if grid.group_rank(dim) == source else None  # the sender's; the others receive
     size = torch.zeros(1, dtype=torch.int64, device=wire)

@@ -33,9 +33,12 @@ Recreation = tuple[PgKey, dict[str, Any]]
 def successor(root: Any, plan: ShrinkPlan) -> Any:
     """The new grid (no group yet) with ``root``'s settings and views, for a shrink's ``plan``."""
     with planned_world(len(plan.order)) if plan.order else contextlib.nullcontext():  # (it may grow: `grow`)
+        # Built without spares, then given the plan's: the rule on spares (a replica dim of size 2 or more) is the
+        # user's grid's, and a shrink that dropped a replica slice may leave spares waiting (policy "drop").
         new = type(root)(
-            list(plan.shape), root.dim_names, plan.rank_offset, **{**root._core.init_kwargs(), "spares": plan.spares}
+            list(plan.shape), root.dim_names, plan.rank_offset, **{**root._core.init_kwargs(), "spares": 0}
         )
+        new.spares = plan.spares
     new._core.inherit_origin(root._core.origin)
     for name, view in root._core.registry.views.items():
         if name == "base":

@@ -209,6 +209,7 @@ class Views(Facet):
     def _bound_view(self, name: str) -> Any:
         root = self._core.root
         spec = root._core.registry.views[name]
-        bound = type(root)(spec.shape, spec.dim_names, root.rank_offset, **root._core.init_kwargs())
+        # (a view's shrink and grow are its root's: it declares no replica dim of its own)
+        bound = type(root)(spec.shape, spec.dim_names, root.rank_offset, **{**root._core.init_kwargs(), "replicas": ()})
         bound._core.bind(root, name)  # a view creates through its root only (it takes no ordinal)
         return bound

@@ -14,14 +14,14 @@ order: removing whole slices of one dim keeps the rank order of what is left.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from hypergrid.errors import InvalidArgumentError, RankFailure
 from hypergrid.layout.grid_layout import GridLayout
 from hypergrid.values import shown
 
-__all__ = ["POLICIES", "ShrinkPlan", "plan_shrink"]
+__all__ = ["POLICIES", "ShrinkPlan", "check_replica_dim", "check_replicas", "plan_shrink"]
 
 #: The shrink policies: remove the slices of ``dim`` that hold a dead rank, fill from spares, or spares then drop.
 POLICIES = ("drop", "spares", "spares_then_drop")
@@ -71,6 +71,64 @@ def check_policy(policy: object) -> str:
     if not isinstance(policy, str) or policy not in POLICIES:
         raise InvalidArgumentError(f"policy must be one of {list(POLICIES)}, got {shown(policy)}")
     return str(policy)
+
+
+def check_replicas(replicas: object, dim_names: Sequence[str], shape: Sequence[int], spares: int) -> tuple[str, ...]:
+    """The grid's replica dims (``None``: ``("dp",)`` where the grid has a ``dp`` dim, else none), checked.
+
+    A replica dim is one whose every slice holds a whole copy of the model: the only dims a shrink may drop slices
+    of or a spare may fill (docs/elastic.md). Spares on a grid whose every replica dim has size 1 are refused: a
+    drafted spare takes the state of the rank it replaces from a replica peer, and none exists.
+
+    Examples:
+        >>> check_replicas(None, ["tp", "dp"], [2, 4], 0), check_replicas("edp", ["tp", "edp"], [2, 4], 1)
+        (('dp',), ('edp',))
+        >>> check_replicas(["pp"], ["tp", "dp"], [2, 4], 0)
+        Traceback (most recent call last):
+          ...
+        hypergrid.errors.InvalidArgumentError: replicas=['pp']: 'pp' is not a dim of the grid ['tp', 'dp']
+    """
+    if replicas is None:
+        names: tuple[str, ...] = ("dp",) if "dp" in dim_names else ()
+    elif isinstance(replicas, str):
+        names = (replicas,)
+    elif isinstance(replicas, (list, tuple)) and all(isinstance(name, str) for name in replicas):
+        names = tuple(replicas)
+    else:
+        raise InvalidArgumentError(f"replicas={shown(replicas)}: expected a dim name, a list of dim names or None")
+    for name in names:
+        if name not in dim_names:
+            raise InvalidArgumentError(
+                f"replicas={shown(replicas)}: {name!r} is not a dim of the grid {list(dim_names)}"
+            )
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError(f"replicas={shown(replicas)}: a dim is named twice")
+    sizes = {name: size for name, size in zip(dim_names, shape)}
+    if spares and names and all(sizes[name] == 1 for name in names):
+        raise InvalidArgumentError(
+            f"spares={spares} with every replica dim of size 1 ({', '.join(f'{n}={sizes[n]}' for n in names)}): a "
+            "drafted spare takes the state of the rank it replaces from a replica peer, and this grid has none; "
+            "give a replica dim 2 or more, or no spares (restart from a checkpoint instead)"
+        )
+    return names
+
+
+def check_replica_dim(call: str, dim: str, replicas: Sequence[str]) -> None:
+    """``dim`` is one of the grid's replica dims, or ``call`` is refused before anything communicates.
+
+    Examples:
+        >>> check_replica_dim("shrink", "tp", ("dp",))
+        Traceback (most recent call last):
+          ...
+        hypergrid.errors.InvalidArgumentError: shrink: dim='tp' is not a replica dim of this grid (replicas=['dp']): ...
+    """
+    if dim not in replicas:
+        raise InvalidArgumentError(
+            f"{call}: dim={dim!r} is not a replica dim of this grid (replicas={list(replicas)}): dropping or "
+            f"filling a slice of {dim!r} would lose part of the model, not a copy of it; shrink along a replica "
+            f"dim, or declare {dim!r} one (HyperCommGrid(..., replicas=[...])) if each of its slices holds a "
+            "whole copy of the model"
+        )
 
 
 def plan_shrink(layout: GridLayout, world: int, spares: int, dead: Iterable[int], dim: str, policy: str) -> ShrinkPlan:

@@ -66,3 +66,51 @@ def test_bad_spares_and_uninitialized_shrink() -> None:
         HyperCommGrid([2], ["dp"], spares=-1)
     with pytest.raises(NotInitializedError, match="shrink"):
         HyperCommGrid([2], ["dp"]).shrink()
+
+
+def test_shrink_and_grow_drop_or_fill_only_a_declared_replica_dim_refused_before_torch_is_asked() -> None:
+    """Issue 54: ``shrink(dim="tp", policy="drop")`` succeeded: half the model was thrown away, silently."""
+    grid = HyperCommGrid([2, 2], ["tp", "dp"])
+    assert grid.replicas == ("dp",)
+    for call in ("shrink", "grow"):
+        with pytest.raises(InvalidArgumentError, match=rf"^{call}: dim='tp' is not a replica dim .*replicas=\['dp'\]"):
+            getattr(grid, call)(dim="tp")
+    declared = HyperCommGrid([2, 2], ["tp", "edp"], replicas="edp")
+    assert declared.replicas == ("edp",)
+    with pytest.raises(NotInitializedError, match="shrink"):  # a declared replica dim passes to the next check
+        declared.shrink(dim="edp")
+    with pytest.raises(InvalidArgumentError, match=r"replicas=\[\]"):  # no dp, none declared: nothing to drop
+        HyperCommGrid([2, 2], ["tp", "pp"]).shrink(dim="pp")
+
+
+@pytest.mark.parametrize(
+    ("replicas", "said"),
+    [
+        ("pp", "'pp' is not a dim of the grid"),
+        (["dp", "dp"], "a dim is named twice"),
+        (3, "expected a dim name, a list of dim names or None"),
+        ([["dp"]], "expected a dim name"),
+    ],
+)
+def test_bad_replicas_are_refused_by_name(replicas: object, said: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=f"^HyperCommGrid: replicas=.*{said}"):
+        HyperCommGrid([2, 2], ["tp", "dp"], replicas=replicas)  # type: ignore[arg-type]
+
+
+def test_spares_with_every_replica_dim_of_size_1_are_refused_and_a_shrink_that_leaves_them_so_is_not() -> None:
+    """A drafted spare copies its state from a replica peer: with dp 1 there is none (issue 54). A successor that a
+    ``drop`` left at dp 1 with its spares still waiting is the job's state, not a user's choice: it is built."""
+    with pytest.raises(InvalidArgumentError, match=r"spares=2 with every replica dim of size 1 \(dp=1\)"):
+        HyperCommGrid([2, 1], ["tp", "dp"], spares=2)
+    HyperCommGrid([2, 2], ["tp", "dp"], spares=2)  # dp 2: a replica holds each shard
+    HyperCommGrid([2, 1], ["tp", "dp"])  # no spares: nothing to draft
+    grid = HyperCommGrid([2, 2], ["tp", "dp"], spares=1)
+    plan = plan_shrink(grid.layout, 5, 1, [3], "dp", "drop")
+    assert plan.shape == (2, 1) and plan.spares == 1
+    after = successor(grid, plan)
+    assert after.shape == [2, 1] and after.spares == 1 and after.replicas == ("dp",)
+
+
+def test_a_view_declares_no_replica_dim_of_its_own() -> None:
+    grid = HyperCommGrid([2, 4], ["tp", "dp"])
+    assert grid.view([2, 2, 2], ["tp", "ep", "edp"]).replicas == () and grid.replicas == ("dp",)

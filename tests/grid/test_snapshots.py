@@ -127,3 +127,13 @@ def test_shrink_refuses_a_bad_step_or_snapshots_before_anything_happens(kwargs: 
     assert words in str(raised.value) and "shrink" in str(raised.value)
     assert grid.created_keys == ["tp"]  # nothing torn down
     grid.destroy()
+
+
+def test_the_advice_when_no_member_holds_the_step_names_the_real_cause() -> None:
+    """Issue 54: with a replica dim of size 1 the advice was to keep more snapshots, where no replica exists."""
+    from hypergrid.grid.snapshots import _no_holder
+
+    alone = _no_holder(7, "dp", [0])
+    assert "has no other member (dp has size 1)" in alone and "keep more snapshots" not in alone
+    assert "checkpoint" in alone
+    assert "keep more snapshots" in _no_holder(7, "dp", [0, 0])
