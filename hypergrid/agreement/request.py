@@ -251,6 +251,20 @@ def failure_verdict(message: str, dead: Iterable[int]) -> Verdict:
     return Verdict("failure", message, dead=_runs(sorted(dead))[:_STORED_RUNS])
 
 
+def _missing_spares(request: CreationRequest, participants: int, missing: list[int]) -> list[int]:
+    """The missing ranks that are the grid's spares (the world's last ``spares`` ranks), where every rank of the
+    world takes part (not ``"local"``).
+
+    Examples:
+        >>> request = CreationRequest("tp2 dp2", ("dp",), "enumerate", 0, settings=(("spares", "2"),))
+        >>> _missing_spares(request, 6, [3, 4, 5])
+        [4, 5]
+    """
+    spares = dict(request.settings).get("spares", "0")
+    count = int(spares) if request.strategy != "local" and spares.isdigit() else 0
+    return [rank for rank in missing if rank >= participants - count] if count else []
+
+
 def timeout_verdict(
     request: CreationRequest,
     participants: int,
@@ -277,6 +291,12 @@ def timeout_verdict(
         )
         for rank, text in sorted((last_seen or {}).items())[:SHOWN]:
             message += f"; rank {rank} last took part in {text}"
+        spares = _missing_spares(request, participants, missing)
+        if spares:
+            message += (
+                f"; rank(s) {shown_ranks(spares)} are the grid's spares: every rank of the world, spares included, "
+                "creates every family (a spare calls the same create_pg/create_pgs, then standby)"
+            )
     elif dead:
         message = (
             f"all {participants} ranks that must create {what} arrived, but no verdict came within "

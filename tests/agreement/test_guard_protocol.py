@@ -17,7 +17,7 @@ from benchmarks import guard as bench
 from benchmarks.guard import CountingStore
 from hypergrid.agreement.diagnosis import announce_key
 from hypergrid.agreement.protocol import Round, round_keys
-from hypergrid.agreement.request import CreationRequest, Verdict
+from hypergrid.agreement.request import CreationRequest, Verdict, timeout_verdict
 from hypergrid.timing import Timing
 
 TIMEOUT = datetime.timedelta(seconds=60)
@@ -187,3 +187,13 @@ def test_guard_benchmark_bad_arguments(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         bench.main(argv)
     assert exit_info.value.code == 2
+
+
+def test_a_timeout_names_missing_spares_as_spares_and_says_they_create_too() -> None:
+    """Issue 54: spares that skipped ``create_pgs`` were named only by number, after 300 s."""
+    request = CreationRequest("tp2 dp2", ("dp",), "enumerate", 0, settings=(("spares", "2"),))
+    said = timeout_verdict(request, 6, [4, 5], 3.0).message
+    assert "rank(s) 4-5 are the grid's spares" in said and "spares included, creates every family" in said, said
+    assert "spares" not in timeout_verdict(request, 6, [3], 3.0).message.split("did not arrive")[1]  # not a spare
+    local = CreationRequest("tp2 dp2", ("dp",), "local", 0, settings=(("spares", "2"),))
+    assert "grid's spares" not in timeout_verdict(local, 2, [1], 3.0).message  # a group's members, no spare
