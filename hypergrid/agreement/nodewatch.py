@@ -247,8 +247,12 @@ class Follow:
             elif first > self.number and self.incident is None:
                 self.number = first
                 self._wake()
-            elif self.incident is not None and first <= self.incident.number and rank not in self.incident.ranks:
-                late = self.incident if rank not in self.late else None
+            elif (
+                self.incident is not None
+                and first <= self.incident.number
+                and rank not in (*self.incident.ranks, *self.late)  # (each answered once)
+            ):
+                late = self.incident
                 self.late.append(rank)  # (a reader of its verdict too: `_handle`)
             number = self.number
         if late is not None:
