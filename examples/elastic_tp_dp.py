@@ -6,17 +6,12 @@
 A model of two tensor-parallel MLP blocks (column- then row-parallel over
 ``tp``: the autograd mappings ``copy_to`` and ``reduce_from``), the global batch
 of 840 samples split over ``dp``, gradients averaged over ``dp`` with
-``grid.average_gradients``, Adam. Every step begins with
-``snapshots.take(step)``; when a rank dies, every survivor's grid call raises
-``RankFailure``, and ``grid.shrink(..., snapshots=snapshots)`` re-forms the
-grid, agrees on the step to resume from (the lowest any survivor was in: a
-collective that did not involve the dead rank may have let some replicas finish
-the step) and puts the model and the optimizer of every rank at that step's
-start. With ``--spares K`` the last K ranks wait in ``grid.standby``; a drafted
-spare gets the state from a replica of its tp shard and says so (its new rank
-and coordinates, the agreed step). The loop ends with a
-barrier over the whole grid, inside the same ``try``, so that nobody leaves
-while another still recovers.
+``grid.average_gradients``, Adam, run by `hypergrid.ElasticLoop`: the script
+gives the grid, a set-up (this rank's shard and its optimizer) and a step; the
+loop creates the families, keeps every step's start, and when a rank dies
+(in set-up, in a step, at the finish line) shrinks along ``dp``, drafts a spare
+(``--spares K``: the last K ranks wait) or drops the dead rank's slice, brings
+every rank to the agreed step with the agreed state and carries on.
 
 Kill a worker from another shell: every rank prints its pid first; slow the
 steps down so that there is time, and SIGKILL one of them while it trains::
@@ -29,7 +24,9 @@ steps down so that there is time, and SIGKILL one of them while it trains::
 step STEP (first attempt of the job only), MS milliseconds later when given (a
 timer thread: the death lands inside whatever runs then). Several specs, comma-separated,
 kill several times; ``RANK.K`` names the K-th replacement started in place of rank RANK, and a STEP
-``gN`` is N steps after the rank first saw the grid grow back. Points, in a step's
+``gN`` is N steps after the rank first saw the grid grow back, and ``s`` is the set-up, whose points are
+``start`` (before the loop creates the families: ``+MS`` lands inside their creation) and ``setup`` (inside the
+set-up function, before it builds the model). Points, in a step's
 order: ``begin``, ``forward`` (before the forward's tp all-reduce), ``backward``
 (before the backward's tp all-reduce), ``average`` (before the dp gradient
 average), ``optimizer`` (before Adam's update), ``loss`` (before the loss's dp
@@ -43,15 +40,15 @@ order), ``max_abs_vs_one_process``, ``world`` (the final world's size),
 ``grew`` (how many times this rank saw the grid grow back), and how it got
 there.
 
-**Growing back** (``--regrow``, with the launcher's ``--replace-dead``): a rank
-whose dp slice ``"drop"`` removed does not exit; it waits in ``grid.arrive``
-to come back. The launcher starts a new worker in place of the dead one
-(``HYPERGRID_ARRIVAL=1``: it builds the grid and calls ``grid.arrive``); its
-arrival ends the others' waits, their ``shrink`` takes both in, and the job
-ends on its original shape, every replica at the agreed step::
+**Growing back** (the launcher's ``--replace-dead``): a rank whose dp slice
+``"drop"`` removed does not exit; it waits to come back. The launcher starts a
+new worker in place of the dead one (``HYPERGRID_ARRIVAL=1``: the loop joins the
+running job instead of initializing); its arrival wakes the others, the loop
+takes both in, and the job ends on its original shape, every replica at the
+agreed step (``--regrow`` makes a dropped rank wait under any launcher)::
 
     python -m hypergrid.run --standalone --nproc-per-node 6 --replace-dead examples/elastic_tp_dp.py \\
-        --regrow --steps 40 --pause 0.2 --kill 3:4:average
+        --steps 40 --pause 0.2 --kill 3:4:average
 """
 
 from __future__ import annotations
@@ -186,6 +183,8 @@ class Killer:
             self.grown_at = step
 
     def _now(self, step: str) -> bool:
+        if step == "s":  # set-up: before the first step
+            return self.step_now < 0
         if step.startswith("g"):
             return self.grown_at is not None and self.step_now == self.grown_at + int(step[1:])
         return self.step_now == int(step)
@@ -201,102 +200,63 @@ class Killer:
             return
 
 
-def wait_to_join(grid: Any, snapshots: Any, arriving: bool, wake: bool = True) -> tuple[Any, Any] | None:
-    """A spare (``standby``) or a process that arrived (``arrive``) waits until a shrink takes it in; its grid and
-    the regrid (None: the job ended without it). One that arrives may be taken in as a spare: it waits on."""
-    regrid = grid.arrive(snapshots=snapshots, wake_ranks=wake) if arriving else grid.standby(snapshots=snapshots)
-    while regrid is not None and not regrid.grid.layout.contains(regrid.rank):
-        regrid = regrid.grid.standby(snapshots=snapshots)
-    return None if regrid is None else (regrid.grid, regrid)
-
-
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """The job: train, recover (and grow back with ``--regrow``), compare; this rank's outcome."""
+    """The job on `hypergrid.ElasticLoop`: train, recover (and grow back under ``--replace-dead``), compare; this
+    rank's outcome."""
     arriving = os.environ.get("HYPERGRID_ARRIVAL") == "1"  # started in place of a dead worker (--replace-dead)
-    world = int(os.environ["WORLD_SIZE"]) if arriving else dist.get_world_size()
     first_rank = int(os.environ["RANK"]) if arriving else dist.get_rank()
-    grid = hypergrid.HyperCommGrid(
-        [args.tp, (world - args.spares) // args.tp],
-        ["tp", "dp"],
-        spares=args.spares,
-        group_options={"timeout": datetime.timedelta(seconds=600)},
-    )
-    if not arriving:
-        grid.create_pgs(["tp", "dp", ["tp", "dp"]])
-    in_grid = not arriving and grid.is_current_rank_in_grid()
-    model = Model(args.tp, grid.my_coord().tp if in_grid else 0)  # (one that joins later gets its shard's state)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     hook = Killer(args.kill, first_rank, arriving)
-    policy = "spares_then_drop" if args.spares else "drop"
-    outcome: dict[str, Any] = {"first_rank": first_rank, "failed_in": [], "resumed": [], "dead": [], "grew": 0}
 
-    # -- the recipe of docs/elastic.md --------------------------------------------------------------------------
-    snapshots = hypergrid.StepSnapshots(model, optimizer)  # the state at the start of the last two steps
-    step, retired = 0, False
-    if not in_grid:  # a spare, or a process that arrives: wait until a shrink takes it in (None: the job ended)
-        joined = wait_to_join(grid, snapshots, arriving)
-        if joined is None:
-            return {**outcome, "spare": "released"}
-        grid, regrid = joined
-        step = regrid.step
-        outcome.update(resumed=[step], dead=list(regrid.dead), grew=int(bool(regrid.arrived)))
-        if regrid.arrived:
-            hook.grew(step)
-        if not args.quiet:
-            me = grid.my_coord()
-            print(f"rank {first_rank}: spare drafted as rank {dist.get_rank()} (tp {me.tp}, dp {me.dp}) in place of"
-                  f" dead {list(regrid.dead)}; resuming at step {step} on {dict(zip(grid.dim_names, grid.shape))}",
-                  flush=True)  # fmt: skip
-    while step <= args.steps:  # step == steps: the finish line, crossed together
-        try:
-            snapshots.take(step)  # this step's start
-            hook.step_now = step
-            if step == args.steps:
-                grid.barrier(["tp", "dp"])  # nobody leaves while another still recovers
-            else:
-                loss = train_step(grid, model, optimizer, step, hook)
-                if dist.get_rank() == 0 and not args.quiet:
-                    print(f"step {step}: loss {loss:.6f} on {dict(zip(grid.dim_names, grid.shape))}", flush=True)
-                time.sleep(args.pause)
-            step += 1
-            hook("end")
-        except hypergrid.RankFailure as failure:  # failure.dead: named by the world's roll call
-            was = step
-            outcome["failed_in"].append(was)
-            regrid = grid.shrink(dead=failure.dead or None, dim="dp", policy=policy, snapshots=snapshots)
-            if regrid.retired and args.regrow:  # its dp slice was removed: it waits to come back (--regrow)
-                joined = wait_to_join(grid, snapshots, True, wake=False)  # (waking nobody: it was just there)
-                if joined is None:
-                    retired = True
-                    break
-                grid, regrid = joined
-            elif regrid.retired:
-                retired = True
-                break  # this rank's dp slice was removed: it may exit
-            grid, step = regrid.grid, regrid.step  # every survivor at this step, model and optimizer restored
-            outcome["grew"] += int(bool(regrid.arrived))  # processes joined: the grid grew back
-            if regrid.arrived:
-                hook.grew(step)
-            outcome["resumed"].append(step)
-            outcome["dead"] = list(regrid.dead)
-            if not args.quiet:
-                print(f"rank {first_rank} (now {dist.get_rank()}): RankFailure in step {was}, dead {list(regrid.dead)};"
-                      f" shrink took {sum(regrid.seconds.values()):.2f} s; resuming at step {step} on "
-                      f"{dict(zip(grid.dim_names, grid.shape))}", flush=True)  # fmt: skip
-    # -----------------------------------------------------------------------------------------------------------
-    if retired:
-        if not args.quiet:
-            print(f"rank {first_rank}: retired (its dp slice was dropped)", flush=True)
+    def setup(grid: Any) -> tuple[Model, Any]:  # this rank's shard (a drafted spare's gets a replica's values)
+        hook("setup")
+        model = Model(args.tp, grid.my_coord().tp)
+        return model, torch.optim.Adam(model.parameters(), lr=LR)
+
+    def step(grid: Any, state: tuple[Model, Any], step: int) -> float:
+        hook.step_now = step
+        loss = train_step(grid, *state, step, hook)
+        if dist.get_rank() == 0 and not args.quiet:
+            print(f"step {step}: loss {loss:.6f} on {dict(zip(grid.dim_names, grid.shape))}", flush=True)
+        time.sleep(args.pause)
+        hook("end")
+        return loss
+
+    def changed(change: Any) -> None:
+        if change.arrived:
+            hook.grew(change.step)
+
+    loop = hypergrid.ElasticLoop(
+        [args.tp, -1],
+        ["tp", "dp"],
+        steps=args.steps,
+        spares=args.spares,
+        families=["tp", "dp"],
+        grid_options={"group_options": {"timeout": datetime.timedelta(seconds=600)}},
+        regrow=True if args.regrow else None,
+        on_change=changed,
+        verbose=not args.quiet,
+    )
+    hook("start")
+    result = loop.run(setup, step)
+    history = result.history
+    outcome: dict[str, Any] = {
+        "first_rank": first_rank,
+        "resumed": [change.step for change in history],
+        "dead": list(history[-1].dead) if history else [],
+        "grew": sum(1 for change in history if change.arrived),
+    }
+    if result.released:
+        return {**outcome, "spare": "released"}
+    if result.retired:
         return {**outcome, "retired": True}
-    grid.release_spares()
-    me = grid.my_coord()
+    model = result.state[0]
     digest = hashlib.sha256()
     for param in model.parameters():
         digest.update(param.detach().contiguous().numpy().tobytes())
-    worst = compare(model, one_process(args.steps), args.tp, me.tp)
-    return {**outcome, "rank": dist.get_rank(), "tp": me.tp, "dp": me.dp, "step": snapshots.step,
-            "shape": dict(zip(grid.dim_names, grid.shape)), "weights_sha256": digest.hexdigest(),
-            "max_abs_vs_one_process": worst, "world": dist.get_world_size()}  # fmt: skip
+    worst = compare(model, one_process(args.steps), args.tp, result.coord.tp)
+    return {**outcome, "rank": result.rank, "tp": result.coord.tp, "dp": result.coord.dp, "step": result.step,
+            "shape": result.shape, "weights_sha256": digest.hexdigest(), "max_abs_vs_one_process": worst,
+            "world": result.world, "replicas_equal": result.replicas_equal}  # fmt: skip
 
 
 def parser() -> argparse.ArgumentParser:
@@ -314,9 +274,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> int:
     args = parser().parse_args()
-    if os.environ.get("HYPERGRID_ARRIVAL") == "1":  # started in place of a dead worker: it joins the running job
-        print(f"rank {os.environ['RANK']} arrives to join: pid {os.getpid()}", flush=True)
-    else:
+    if os.environ.get("HYPERGRID_ARRIVAL") != "1":  # (one started in place of a dead worker joins the running job)
         hypergrid.init_from_env(timeout_s=120)
         print(f"rank {dist.get_rank()} of {dist.get_world_size()}: pid {os.getpid()}", flush=True)
     outcome = train(args)

@@ -7,6 +7,7 @@ The public surface:
   groups created lazily, keyed by canonical order.
 - ``Bridge`` — activations and gradients between two grids of different shapes.
 - ``StepSnapshots`` — the training state of the last steps, for ``shrink`` to resume from an agreed one.
+- ``ElasticLoop`` — the training loop the library owns: set-up and a step; a death anywhere is absorbed.
 - ``spawn`` — a local multi-process launcher with a hard timeout.
 - the exceptions in ``hypergrid.errors``.
 
@@ -27,6 +28,7 @@ from hypergrid.layout import GridLayout
 if TYPE_CHECKING:
     from hypergrid.grid import Bridge, HyperCommGrid, Regrid, StepSnapshots
     from hypergrid.launch import WorkerDeath, init_from_env, spawn
+    from hypergrid.loop import ElasticLoop, LoopResult
 
 # The torch binding is imported on first use, so that the pure layout core
 # (``import hypergrid.layout``) works where torch is not installed.
@@ -35,6 +37,8 @@ _LAZY = {
     "HyperCommGrid": "hypergrid.grid",
     "Regrid": "hypergrid.grid",
     "StepSnapshots": "hypergrid.grid",
+    "ElasticLoop": "hypergrid.loop",
+    "LoopResult": "hypergrid.loop",
     "spawn": "hypergrid.launch",
     "init_from_env": "hypergrid.launch",
     "WorkerDeath": "hypergrid.launch",
@@ -55,6 +59,8 @@ __all__ = [
     "HyperCommGrid",
     "Regrid",
     "StepSnapshots",
+    "ElasticLoop",
+    "LoopResult",
     "spawn",
     "init_from_env",
     "WorkerDeath",

@@ -7,7 +7,7 @@ liveness bound; a wait on a peer that may merely be slow scales with the probe o
 scale (a store's cost per participant, torch's own habits, an unbounded wait's slices) is a constant of this
 module. Nothing here is read at import and nothing is cached: a `hypergrid.agreement.world.World`, a launcher's
 agent or a ``spawn`` call builds its `Timing` (`Timing.from_env`) and hands it to what it holds. The table of
-every value and why: docs/elastic.md ("Timing constants").
+every value and why: docs/timing.md.
 
 Examples:
     >>> timing = Timing()

@@ -52,6 +52,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer("agreement", ("agreement",), False, "the store protocol: requests, the O(1) round, the guard"),
     Layer("ops", ("ops",), False, "what runs on created groups: collectives, pipeline helpers, autograd mappings"),
     Layer("grid", ("grid",), False, "HyperCommGrid: the front, its typed core (GridCore) and the facets"),
+    Layer("loop", ("loop",), False, "ElasticLoop: the training loop the library owns, on the grid's elastic API"),
     Layer("topology", ("topology",), False, "the planner: price each order of the dims on a cluster's tiers"),
     Layer("compat", ("compat",), False, "drop-in adapters: Megatron-Core, DeepSpeed, MPU getters"),
     Layer("cli", ("cli",), False, "python -m hypergrid show | plan | demo"),

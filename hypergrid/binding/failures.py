@@ -1,7 +1,7 @@
 """A peer's death as one exception: torch's communication errors become ``RankFailure``.
 
 torch reports a dead peer in many shapes: NCCL's ``DistBackendError``, a store's ``DistNetworkError``, gloo's plain
-``RuntimeError`` ("Connection closed by peer": its words are read; docs/elastic.md's timing constants say what
+``RuntimeError`` ("Connection closed by peer": its words are read; docs/timing.md says what
 decides what). `peer_failures` turns those into ``hypergrid.errors.RankFailure`` (torch's error kept as
 ``__cause__``); other errors pass through. Every communication call of a grid goes through `communicate` (or
 `wait_work`) with its world's alarm, so that failure news from another rank ends the wait at once, on every

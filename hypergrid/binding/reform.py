@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "world_keys",
     "reform_world",
     "tear_down",
+    "unprefixed_excepthook",
     "world_prefix",
 ]
 
@@ -124,6 +126,7 @@ def reform_world(
         # member whose attempt got further had reset (destroy_process_group does), so their names, and keys, would
         # differ in every attempt after. No world is formed here: the count torch's destroy leaves.
         c10d._world.group_count = 0
+        sys.excepthook = unprefixed_excepthook(sys.excepthook)  # (torch prefixes it again: once, with the new rank)
         dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=bounded)
         sockets.track(dist.group.WORLD, sockets.opened(before))
         # torch keeps the group's keys under "<group name>/" in the store it is given (torch 2.4 to 2.13)
@@ -139,6 +142,28 @@ def reform_world(
         if name in os.environ:
             os.environ[name] = str(value)
     return namespace
+
+
+def unprefixed_excepthook(hook: Any) -> Any:
+    """``hook`` without the ``[rank<N>]:`` wrappers torch's ``init_process_group`` puts around ``sys.excepthook``
+    (one more each time a world forms, so a shrunk job's tracebacks would read ``[rank3]: [rank4]: ...``).
+
+    Examples:
+        >>> import sys, torch.distributed as dist
+        >>> plain = unprefixed_excepthook(sys.excepthook)  # (an earlier world may have wrapped it)
+        >>> for _ in range(2):
+        ...     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        ...     dist.destroy_process_group()
+        >>> sys.excepthook is plain, unprefixed_excepthook(sys.excepthook) is plain
+        (False, True)
+        >>> sys.excepthook = plain
+    """
+    while getattr(hook, "__name__", "") == "_distributed_excepthook" and hook.__closure__:
+        cells = dict(zip(hook.__code__.co_freevars, hook.__closure__))
+        if "old_hook" not in cells:
+            break
+        hook = cells["old_hook"].cell_contents
+    return hook
 
 
 def world_prefix(number: int) -> str:

@@ -32,8 +32,8 @@ from hypergrid.grid.recovery import Recovery
 from hypergrid.grid.regrid import Regrid
 from hypergrid.grid.snapshots import StepSnapshots
 from hypergrid.grid.succession import successor
+from hypergrid.launch.envstore import job_store
 from hypergrid.launch.memberlog import job_log, member_id
-from hypergrid.launch.processes import job_store
 from hypergrid.layout.shrink import ShrinkPlan, check_policy, check_replica_dim
 from hypergrid.timing import Timing
 from hypergrid.validation import check_bool, refuse

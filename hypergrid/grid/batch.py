@@ -48,7 +48,7 @@ from hypergrid.layout import Dims, GridLayout
 from hypergrid.layout.hierarchy import hierarchical_family, node_size, resolve_scope
 from hypergrid.values import shown
 
-__all__ = ["GuardedCreation"]
+__all__ = ["GuardedCreation", "create_missing"]
 
 #: One family of a batch: its registry key, the layout that enumerates it, its dims in canonical order.
 Plan = tuple[PgKey, GridLayout, tuple[str, ...]]
@@ -338,3 +338,17 @@ def _created(core: FacetCore, plans: Sequence[Plan], per_node: int | None) -> di
     for key, layout, ordered in plans:
         core.registry.families[key] = (layout, ordered, per_node)
     return {key: member_or_none(core.registry.groups[key]) for key, _, _ in plans}
+
+
+def create_missing(grid: Any, families: Sequence[Dims]) -> None:
+    """Create those of ``families`` that ``grid`` lacks (none: nothing communicates), on every rank of its world.
+
+    After a shrink every rank of the new world holds the same families (the old grid's, re-created), so every
+    rank finds the same ones missing: the call is collective exactly when one is. A job whose first
+    ``create_pgs`` a death interrupted gets the rest of its families this way (the elastic loop, and its
+    spares through ``standby(families=...)``).
+    """
+    held = set(grid.created_keys)
+    missing = [dims for dims in families if grid.layout.key(dims) not in held]
+    if missing:
+        grid.create_pgs(missing)

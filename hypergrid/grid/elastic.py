@@ -7,7 +7,7 @@ lists its steps). See docs/elastic.md.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch.distributed as dist
@@ -19,14 +19,15 @@ from hypergrid.agreement.world import World
 from hypergrid.binding.facet import Facet, require_initialized
 from hypergrid.binding.failures import abort_groups
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, untagged
-from hypergrid.errors import GridTooLargeError, InvalidArgumentError, RankError
+from hypergrid.errors import GridSpecError, GridTooLargeError, InvalidArgumentError, RankError
+from hypergrid.grid.batch import create_missing
 from hypergrid.grid.intake import Intake
 from hypergrid.grid.recovery import Recovery, families_digest
 from hypergrid.grid.regrid import Regrid
 from hypergrid.grid.snapshots import MAX_STEP, StepSnapshots
 from hypergrid.grid.succession import Recreation
 from hypergrid.launch.memberlog import job_log, record_world
-from hypergrid.layout import KEY_SEPARATOR, MAX_WORLD_SIZE
+from hypergrid.layout import KEY_SEPARATOR, MAX_WORLD_SIZE, Dims
 from hypergrid.layout.shrink import check_policy, check_replica_dim
 from hypergrid.validation import check_int, check_ints, refuse
 from hypergrid.values import check_timeout, shown
@@ -42,6 +43,10 @@ def check_spares(spares: object, world: int | None, end: int) -> int:
     Examples:
         >>> check_spares(1, 9, 8)
         1
+        >>> check_spares(1, 10, 8)
+        Traceback (most recent call last):
+          ...
+        hypergrid.errors.GridSpecError: spares=1: the grid ends at rank 7 and its spares are the last 1 of ...
     """
     count = check_int("HyperCommGrid", "spares", spares, 0, MAX_WORLD_SIZE)
     if world is not None and end + count > world:
@@ -49,7 +54,18 @@ def check_spares(spares: object, world: int | None, end: int) -> int:
             f"spares={count}: the grid ends at rank {end - 1} and the world has {world} ranks, so only "
             f"{max(world - end, 0)} rank(s) are left over for spares (the last ranks of the world)"
         )
+    if world is not None and count and end + count < world:  # ranks between the grid and its spares: stranded
+        raise GridSpecError(
+            f"spares={count}: the grid ends at rank {end - 1} and its spares are the last {count} of the world's "
+            f"{world} ranks, so {_span(end, world - count)} would be in neither; an elastic grid's world is "
+            f"the grid plus its spares: start {end + count} processes (--nproc-per-node), or give the grid a "
+            "-1 dim to take the rest"
+        )
     return count
+
+
+def _span(first: int, end: int) -> str:
+    return f"rank {first}" if end - first == 1 else f"ranks {first}..{end - 1}"
 
 
 def _parse(key: PgKey) -> tuple[str | None, tuple[str, ...], str | None, str | None]:
@@ -71,7 +87,8 @@ def _left_behind(world: World) -> None:
 
 
 def check_resume(root: Any, call: str, dim: str, step: object, snapshots: object) -> int | None:
-    """``step`` checked (None or a non-negative int), ``snapshots`` a `StepSnapshots` over a created ``dim``."""
+    """``step`` checked (None or a non-negative int), ``snapshots`` a `StepSnapshots` over a created ``dim`` (where it
+    holds a state: the recovery creates the family where a rank that lacks the step must get it)."""
     if snapshots is not None and step is not None:
         raise InvalidArgumentError(
             f"{call}: step={step!r} and snapshots= were both passed; pass one (the snapshots' step is theirs)"
@@ -79,7 +96,8 @@ def check_resume(root: Any, call: str, dim: str, step: object, snapshots: object
     if snapshots is not None:
         if not isinstance(snapshots, StepSnapshots):
             raise refuse(call, "snapshots", snapshots, "a hypergrid.StepSnapshots or None", InvalidArgumentError)
-        if not any(_parse(key) == (None, (dim,), None, None) for key in root.created_keys):
+        created = any(_parse(key) == (None, (dim,), None, None) for key in root.created_keys)
+        if snapshots.holds_state and not created:  # (an empty one: a set-up a death cut short, a spare's, an arrival's)
             raise InvalidArgumentError(
                 f"{call}: snapshots= needs the family over {dim!r} (a replica that lacks the agreed step gets it "
                 f"from its {dim!r} group), which this grid did not create; call create_pg({dim!r}) first"
@@ -280,7 +298,13 @@ class Elastic(Facet):
 
     # -- spares ---------------------------------------------------------------
 
-    def standby(self, timeout_s: float | None = None, *, snapshots: StepSnapshots | None = None) -> Regrid | None:
+    def standby(
+        self,
+        timeout_s: float | None = None,
+        *,
+        snapshots: StepSnapshots | None = None,
+        families: Sequence[Dims] = (),
+    ) -> Regrid | None:
         """On a spare: wait until a ``shrink`` drafts it (return its `Regrid`) or the job ends (``None``).
 
         Blocks on one store key (no polling). A shrink that does not draft
@@ -292,10 +316,14 @@ class Elastic(Facet):
             timeout_s: the shrinks' timeout for ranks nobody named (default: as ``shrink``'s).
             snapshots: the spare's `StepSnapshots` (empty): when drafted by survivors that passed theirs, it
                 returns holding the state of the agreed step (``Regrid.step``), copied from a replica peer.
+            families: the families the grid's ranks create after each shrink where its new grid lacks one
+                (`create_missing`: a death interrupted their first ``create_pgs``); the spare creates them with
+                them (creation is collective over the world) before it waits again.
 
         Raises:
-            InvalidArgumentError: ``snapshots`` is not a `StepSnapshots`, or the family over the shrink's dim
-                is missing.
+            InvalidArgumentError: ``snapshots`` is not a `StepSnapshots`, ``families`` not a list, or the family
+                over the shrink's dim is missing.
+            DimsError: ``families`` names a dim the grid lacks.
             RankError: the caller is not one of the grid's spares.
             NotInitializedError: torch.distributed is not initialized.
             StoreLostError: the job's store is gone while it waits (its host died), as on the grid's ranks.
@@ -304,6 +332,10 @@ class Elastic(Facet):
         checked = None if timeout_s is None else check_timeout(timeout_s, "timeout_s")  # before any wait
         if snapshots is not None and not isinstance(snapshots, StepSnapshots):
             raise refuse("standby", "snapshots", snapshots, "a hypergrid.StepSnapshots or None", InvalidArgumentError)
+        if not isinstance(families, (list, tuple)):
+            raise refuse("standby", "families", families, "a list of dims (as create_pgs takes)", InvalidArgumentError)
+        for dims in families:
+            self.layout.key(dims)  # an unknown dim: DimsError now, not after a shrink
         grid = self._core.grid
         while True:
             world = grid._core.world_for("standby")  # (joined when the grid was built: a spare answers roll calls)
@@ -331,6 +363,7 @@ class Elastic(Facet):
             if regrid.rank is not None and regrid.grid.layout.contains(regrid.rank):
                 return regrid
             grid = regrid.grid
+            create_missing(grid, families)
 
     def release_spares(self) -> None:
         """Tell the spares in ``standby`` that the job ends: their ``standby`` returns ``None``; so does ``arrive``.

@@ -26,7 +26,7 @@ from hypergrid.layout import Dims, GridLayout, resolve_shape
 from hypergrid.layout.shrink import check_replicas
 from hypergrid.ops.collectives import check_collectives_flag
 from hypergrid.validation import check_bool, check_timeout, public_methods
-from hypergrid.values import shown
+from hypergrid.values import is_int, shown
 
 __all__ = ["HyperCommGrid", "world_size_hint"]
 
@@ -74,13 +74,14 @@ class HyperCommGrid(FacetFront):
             ``pg_options``, ``group_desc`` (passed to torch); a ``create_pg``
             keyword overrides them for one family.
         spares: the last ``spares`` ranks of the world stay outside the grid, in
-            ``standby``, to take a dead rank's place (see ``shrink``, docs/elastic.md).
+            ``standby``, to take a dead rank's place (see ``shrink``, docs/elastic.md). A ``-1`` dim takes
+            the world less the spares; with spares the world must be the grid plus its spares.
         replicas: the replica dims, whose every slice holds a whole copy of the model: the only dims ``shrink``
             and ``grow`` drop or fill slices of (a dim name or a list; ``None``: ``dp`` where the grid has one).
         check_collectives: compare collectives' calls first (hypergrid.ops.checks); None: HYPERGRID_CHECK_COLLECTIVES.
 
     Raises:
-        GridSpecError: invalid shape, names or offset.
+        GridSpecError: invalid shape, names or offset, or ranks left between the grid and its spares.
         GridTooLargeError: (a ``WorldSizeError`` and a ``RuntimeError``, as Megatron
             raises) ``rank_offset + size`` exceeds the known world size.
         BackendError: ``backend`` is not None or a backend name.
@@ -117,7 +118,8 @@ class HyperCommGrid(FacetFront):
         replicas: str | Sequence[str] | None = None,
     ) -> None:
         world = world_size_hint()
-        self.layout = GridLayout(resolve_shape(shape, world, rank_offset), dim_names, rank_offset)
+        reserved = spares if is_int(spares) and 0 < spares < (world or 0) else 0  # (checked below)
+        self.layout = GridLayout(resolve_shape(shape, world and world - reserved, rank_offset), dim_names, rank_offset)
         self.backend = normalize_backend(backend, "backend")
         self.strategy = check_strategy(strategy)
         self.guard = check_bool("HyperCommGrid", "guard", guard)

@@ -6,8 +6,7 @@ calls, then `hypergrid.agreement.membership`); (2) the plan, checked whole (`hyp
 (4) the new world formed attempt after attempt (a ready barrier, the default group, the families, the step agreed
 by `Recovery.agree_step`, a commit barrier), torch's waits bounded (`hypergrid.timing.GLOO_WAITS`) and ended by a
 `hypergrid.agreement.barrier.Vigil` once a member is found dead; past the commit the old world is replaced
-(`World.replace`). What cannot be absorbed is a ``HyperGridError`` on every survivor. docs/design/recovery.md.
-"""
+(`World.replace`). What cannot be absorbed: a ``HyperGridError`` on every survivor. docs/design/recovery.md."""
 
 from __future__ import annotations
 
@@ -22,11 +21,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from hypergrid.agreement import liveness
 from hypergrid.agreement.barrier import Barrier, BarrierFailed, Vigil
 from hypergrid.agreement.connections import Within
 from hypergrid.agreement.diagnosis import announce_key
-from hypergrid.agreement.liveness import PREFIX as LIVE_PREFIX
-from hypergrid.agreement.liveness import PROBE, ended_key
 from hypergrid.agreement.membership import MembershipRound, Proposal, round_prefix
 from hypergrid.agreement.world import World
 from hypergrid.binding import reform
@@ -35,6 +33,7 @@ from hypergrid.binding.failures import abort_groups, communicate, sever_torch_gr
 from hypergrid.binding.interruptible import Formation
 from hypergrid.binding.reform import Formed, forget_keys, forget_numbered, formed, reform_world, tear_down, world_keys
 from hypergrid.errors import DesyncError, FencedError, HyperGridError, RankFailure
+from hypergrid.grid.batch import create_missing
 from hypergrid.grid.intake import Intake
 from hypergrid.grid.regrid import Phases, Regrid
 from hypergrid.grid.snapshots import MAX_STEP, StepSnapshots, share_step
@@ -140,7 +139,7 @@ class Recovery:
         if watcher is None:
             return sorted(named)
         if watcher.failure is None:
-            watcher.report(PROBE, f"rank {self.rank} called shrink")
+            watcher.report(liveness.PROBE, f"rank {self.rank} called shrink")
         self.world.alarm.check_fence("grid.shrink")
         return sorted({*named, *watcher.dead})
 
@@ -215,13 +214,13 @@ class Recovery:
             if plan.old_to_new[self.rank] == 0:
                 # nor a key of the worlds before the old one: their last wake (a world's end woke every watcher,
                 # some after they had read it and left) can land after its watcher ended
-                forget_numbered(world.base_store, LIVE_PREFIX, world.number - 1)
+                forget_numbered(world.base_store, liveness.PREFIX, world.number - 1)
                 self.intake.committed(plan, world.number)  # the arrivals taken are skipped from now on
             if old is not None:  # and its record, for a rank left behind that resumes later
                 old.end_world([rank for rank in plan.dead if rank < self.size], self.size)
                 old.join(self.timeout_s)
                 if plan.dead and plan.old_to_new[self.rank] == 0:  # the record goes with the new grid (or next shrink)
-                    new._core.guard_ledger.ended.append(ended_key(world.number))
+                    new._core.guard_ledger.ended.append(liveness.ended_key(world.number))
             forming = self.forming
             assert forming is not None  # (formed: the commit passed)
             world.replace(forming)  # its watcher's connection serves the new world's watcher
@@ -347,8 +346,7 @@ class Recovery:
 
         One all-reduce (MIN) over the new world, the non-drafted spares included: the lowest step a member passed
         (`agreed`), the newest "oldest snapshot" of the members that restore (a drafted spare holds none), and
-        whether all or only some of the grid's members restore. When some restoring member lacks the agreed step,
-        every one of them shares it over its ``dim`` group (`share_step`).
+        whether all or only some restore. Where a restoring member lacks it, they share it over ``dim`` (`share_step`).
         """
         member = bool(successor.layout.contains(new_rank))
         snapshots = self.snapshots if member else None
@@ -367,8 +365,10 @@ class Recovery:
         lowest, oldest, every, some = agreed.tolist()
         self.agreed = None if lowest == _NONE else lowest
         self._mixed = every == 0 and some == -1
-        if snapshots is not None and not self._mixed and self.agreed is not None and -oldest > self.agreed:
-            share_step(successor, self.dim, snapshots, self.agreed)
+        if not self._mixed and self.agreed is not None and -oldest > self.agreed:  # (the same on every member)
+            create_missing(successor, [self.dim])  # (a death cut the first creation short: every member is here)
+            if snapshots is not None:
+                share_step(successor, self.dim, snapshots, self.agreed)
         self.clock.lap("step")
 
     def _failed(self, failed: BarrierFailed, number: int, plan: ShrinkPlan) -> list[int]:

@@ -236,6 +236,43 @@ class StepSnapshots:
                 "restore the model as it was, or take() again before the next step)"
             )
 
+    @property
+    def holds_state(self) -> bool:
+        """Whether the newest snapshot holds anything (a snapshot taken with no holders, or received from a peer that
+        had none, holds nothing: the elastic loop's mark of a set-up that did not finish)."""
+        return bool(self._snapshots) and bool(self._snapshots[-1].skeleton[1])
+
+    def handed_to(self, *holders: object) -> StepSnapshots:
+        """A `StepSnapshots` over ``holders`` with this one's snapshots (same ``keep``), the newest loaded into them.
+
+        For a state received before the model existed: a spare or an arrival waits with a `StepSnapshots` of no
+        holders, is sent the agreed step's state by a replica peer, then builds its model for the coordinates it
+        was given and takes that state over.
+
+        Raises:
+            InvalidArgumentError: nothing is held, or the number of holders differs.
+
+        Examples:
+            >>> import torch
+            >>> received = StepSnapshots()
+            >>> received._adopt(4, ("list", (("tensor", (2,), torch.float32, "cpu"),)), [torch.ones(2)])
+            >>> w = torch.zeros(2)
+            >>> received.handed_to(w).steps, w.tolist()
+            ((4,), [1.0, 1.0])
+        """
+        if not self._snapshots:
+            raise InvalidArgumentError("StepSnapshots.handed_to: no snapshot is held (nothing was received)")
+        handed = StepSnapshots(*holders, keep=self.keep)
+        newest = self._snapshots[-1]
+        if len(handed.holders) != len(newest.skeleton[1]):
+            raise InvalidArgumentError(
+                f"StepSnapshots.handed_to: {len(handed.holders)} holder(s) given; the snapshot of step {newest.step} "
+                f"holds {len(newest.skeleton[1])}"
+            )
+        handed._snapshots = list(self._snapshots)
+        handed.restore(newest.step)  # (a module whose shapes differ refuses in its load_state_dict)
+        return handed
+
     def _adopt(self, step: int, skeleton: Any, tensors: list[torch.Tensor]) -> None:
         """A state received from a peer becomes the snapshot of ``step`` (the only one held)."""
         self._snapshots = [_Snapshot(step, skeleton, tensors)]

@@ -7,7 +7,8 @@ command line (``launcher``, ``flags``), its agent (``agent``, ``health``, ``outc
 docs/design/launcher.md.
 """
 
-from hypergrid.launch.processes import WorkerDeath, default_device, init_from_env, job_store, spawn
+from hypergrid.launch.envstore import job_store
+from hypergrid.launch.processes import WorkerDeath, default_device, init_from_env, spawn
 from hypergrid.launch.stacks import STACK_DIR_ENV, enable_stack_dumps, read_stack_dumps
 
 __all__ = [

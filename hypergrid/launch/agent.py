@@ -24,10 +24,9 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing import LogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from hypergrid.errors import InvalidArgumentError
 from hypergrid.launch.answerer import NodeAnswerer, NodeWatchFactory
 from hypergrid.launch.errorfile import raised
-from hypergrid.launch.health import HealthRound
+from hypergrid.launch.health import UNFORMED, HealthRound
 from hypergrid.launch.memberlog import (
     LOG_ENV,
     MemberLog,
@@ -41,6 +40,7 @@ from hypergrid.launch.outcomes import WorkerOutcome, judge, summary
 from hypergrid.launch.replacements import Replacements
 from hypergrid.launch.ring import AgentRing, local_address
 from hypergrid.timing import Timing
+from hypergrid.validation import check_int, refuse
 from hypergrid.values import described, format_ranks
 
 __all__ = ["MinHealthyAgent", "WorkerOutcome", "report"]
@@ -92,11 +92,8 @@ class MinHealthyAgent(LocalElasticAgent):
         node_watch: NodeWatchFactory | None = None,
     ) -> None:
         if not isinstance(spec.entrypoint, str):
-            raise InvalidArgumentError(
-                f"MinHealthyAgent: entrypoint={spec.entrypoint!r}; expected a command (str), as torchrun runs"
-            )
-        if not isinstance(min_healthy, int) or isinstance(min_healthy, bool) or min_healthy < 1:
-            raise InvalidArgumentError(f"MinHealthyAgent: min_healthy={min_healthy!r}; expected an int >= 1")
+            raise refuse("MinHealthyAgent", "entrypoint", spec.entrypoint, "a command (str), as torchrun runs")
+        check_int("MinHealthyAgent", "min_healthy", min_healthy, 1)
         super().__init__(
             spec,
             logs_specs,
@@ -105,16 +102,13 @@ class MinHealthyAgent(LocalElasticAgent):
             log_line_prefix_template=log_line_prefix_template,
             shutdown_timeout=shutdown_timeout,
         )
-        self.min_healthy = min_healthy
-        self.exit_barrier_timeout_s = exit_barrier_timeout_s
+        self.min_healthy, self.exit_barrier_timeout_s = min_healthy, exit_barrier_timeout_s
         self.outcomes: dict[int, WorkerOutcome] = {}  # global rank -> how it ended (this round)
-        self.restarts_used = 0
-        self.job_failed = 0  # job-wide failed workers of the last round, as last read
-        self.job_workers = 0  # the job's number of workers (the last rendezvous)
-        self.verdict = ""  # why the run ended as it did, for the summary
+        self.restarts_used, self.formation_retries = 0, 0  # (rounds restarted: a death before the world formed)
+        self.job_failed = self.job_workers = 0  # the last round's job-wide failed workers, as last read; its workers
         self.health: HealthRound | None = None
         self.ring: AgentRing | None = None  # this round's watch of the next agent (several nodes only)
-        self.log = ""  # the round's membership log (hypergrid.launch.memberlog), named in the workers' environment
+        self.log = self.verdict = ""  # the round's membership log (memberlog: in the workers' environment); the end
         self.on_death, self.replace_dead = on_death, replace_dead
         self.timing = Timing.from_env()  # (the agent's bounds: its ring, its replacements, its waits on the store)
         self.replacements = Replacements(0, self.timing)  # this round's workers started in place of dead ones
@@ -230,8 +224,10 @@ class MinHealthyAgent(LocalElasticAgent):
             if not health.claim(outcome.rank, f"agent {self._index()}") or not outcome.failed:
                 continue  # (claimed already: the ring found this agent dead, and counted it)
             below = health.record_failure() or below
+            health.suspect(self.log, f"worker {outcome.name} {outcome.describe()}", self.timing.probe_s)
             healthy = f"{health.healthy()} of {health.workers} workers of the job healthy, minimum {self.min_healthy}"
             self._failed(outcome, below, healthy)
+        below = health.unformed(self._client) or below  # (a store call only after a death, until formed)
         for outcome in self.replacements.exits():  # (not counted against the minimum: the round's workers are)
             if outcome.failed:
                 self._failed(outcome, below, "a replacement, not counted against --min-healthy")
@@ -349,17 +345,21 @@ class MinHealthyAgent(LocalElasticAgent):
             if state == "done":
                 barrier = health.exit_barrier(self.exit_barrier_timeout_s, self._read_accounted, self._index())
                 if barrier == "timeout":
-                    report(
-                        f"the other agents' workers did not finish within {self.exit_barrier_timeout_s:g} s "
-                        "(--exit-barrier-timeout) after this node's; exiting anyway"
-                    )
+                    report(f"the other agents' workers did not finish within {self.exit_barrier_timeout_s:g} s "
+                           "(--exit-barrier-timeout) after this node's; exiting anyway")  # fmt: skip
                 if barrier != "verdict":
                     return self._result(self._judge(barrier))
             below = f"the job fell below --min-healthy {self.min_healthy} ({health.verdict})"
-            if self._remaining_restarts > 0:
-                self._remaining_restarts -= 1
+            if UNFORMED in health.verdict:  # (nothing trained yet: --replace-dead restarts the round)
+                below = f"{health.verdict}; nothing can shrink a world that never formed"
+            unformed = UNFORMED in below and self.formation_retries < self.replace_dead
+            if unformed or self._remaining_restarts + self.formation_retries > 0:
+                self.formation_retries += unformed
+                self._remaining_restarts -= 1  # (torch numbers the restart from it: TORCHELASTIC_RESTART_COUNT)
                 self.restarts_used += 1
-                report(f"{below}: restarting every worker ({self._remaining_restarts} restart(s) left after this)")
+                left = f"{self._remaining_restarts + self.formation_retries} restart(s) left after this"
+                left = f"{self.replace_dead - self.formation_retries} more such restarts allowed" if unformed else left
+                report(f"{below}: restarting every worker ({left})")
                 self._leave_ring()  # (before the next rendezvous: the workers this ring watched are stopped)
                 self.replacements.stop()
                 self._restart_workers(self._worker_group)

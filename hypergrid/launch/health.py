@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from torch.distributed import DistStoreError
 
+from hypergrid.launch.memberlog import formation
 from hypergrid.timing import FOREVER_S
 
-__all__ = ["HealthRound"]
+__all__ = ["UNFORMED", "HealthRound"]
+
+#: In a round's verdict: a worker died before every worker had formed the job's first world.
+UNFORMED = "before the job's first world formed"
 
 
 class HealthRound:
@@ -50,6 +55,7 @@ class HealthRound:
         self._fired = threading.Event()
         self._watcher: threading.Thread | None = None
         self._waiter: Any = None  # the barriers' own connection (`_wait`)
+        self._suspects: list[tuple[str, str, float]] = []  # deaths that may have come before the world formed
 
     def _key(self, name: str) -> str:
         return self.prefix + name
@@ -67,11 +73,40 @@ class HealthRound:
         self.failed = int(self.store.add(self._key("failed"), 1))
         if self.healthy() >= self.min_healthy:
             return False
-        self.verdict = f"{self.failed} of {self.workers} workers failed"
-        self.store.set(self._key("verdict"), self.verdict)
+        self.declare(f"{self.failed} of {self.workers} workers failed")
+        return True
+
+    def declare(self, verdict: str) -> None:
+        """End the round job-wide with ``verdict`` whatever the count (a death before the job's world formed): every
+        agent learns it as it learns a count below the minimum, and restarts or stops its workers."""
+        self.verdict = verdict
+        self.store.set(self._key("verdict"), verdict)
         self.store.set(self._key("done"), "verdict")
         self._fired.set()
-        return True
+
+    def suspect(self, log: str, what: str, within_s: float) -> None:
+        """A worker died (``what``) in the round whose log is ``log``: `unformed` looks, for ``within_s``, whether
+        the job's first world was still forming (the others begin forming it a little later, or have formed it)."""
+        self._suspects.append((log, what, time.monotonic() + within_s))
+
+    def unformed(self, workers_store: Callable[[], Any]) -> bool:
+        """Whether a suspect death came before every worker formed the job's first world (`formation`, on the
+        workers' store, which ``workers_store()`` connects to): then the round ends job-wide (`declare`), since
+        nothing can shrink a world that never formed. A suspect is dropped once every worker formed it, or after its
+        span with nobody forming it (a script that forms it its own way)."""
+        for suspect in list(self._suspects):
+            log, what, until = suspect
+            try:
+                forming, formed = formation(workers_store(), log)
+            except Exception:  # no store: the round ends its usual way
+                forming, formed = 0, self.workers
+            if formed >= self.workers or (not forming and time.monotonic() > until):
+                self._suspects.remove(suspect)
+            elif forming:
+                self._suspects.clear()
+                self.declare(f"{what} {UNFORMED} ({formed} of {self.workers} workers had formed it)")
+                return True
+        return False
 
     def below_minimum(self) -> bool:
         """Whether any agent has declared the job below the minimum (what the watcher saw, no store call)."""

@@ -32,6 +32,7 @@ from hypergrid.launch import orphans
 from hypergrid.launch.agent import MinHealthyAgent, report
 from hypergrid.launch.answerer import NodeWatchFactory
 from hypergrid.launch.flags import OneLineParser, check_flags, flag_error
+from hypergrid.launch.replacements import REPLACING_ENV
 from hypergrid.timing import FOREVER_S
 from hypergrid.values import described, first_line
 
@@ -235,6 +236,8 @@ def launch(
         duplicate_stderr_filters=config.duplicate_stderr_filters,
         virtual_local_rank=config.virtual_local_rank,
     )
+    if replace_dead:  # the workers inherit it: a retired rank may wait for the replacements (the elastic loop)
+        os.environ[REPLACING_ENV] = str(replace_dead)
     agent = MinHealthyAgent(
         spec,
         config.logs_specs,  # type: ignore[arg-type]  # LaunchConfig fills it in __post_init__

@@ -46,8 +46,10 @@ __all__ = [
     "agree_log",
     "arrival_members",
     "dead_ranks",
+    "formation",
     "format_members",
     "job_log",
+    "mark_formation",
     "member_id",
     "member_name",
     "members_of",
@@ -171,6 +173,32 @@ def job_log(store: Any = None) -> MemberLog | None:
 
         store = c10d._get_default_store()
     return MemberLog(store, prefix)
+
+
+def mark_formation(stage: str, store: Any = None) -> None:
+    """Under ``hypergrid.run``, count this worker at ``stage`` of forming the job's first world: ``"forming"`` as
+    ``init_from_env`` begins, ``"formed"`` once torch's ``init_process_group`` returned. A death while some worker
+    formed it and not every worker has is a death before the world exists (`formation`); nothing is written
+    elsewhere."""
+    log = job_log(store)
+    if log is not None:
+        log.store.add(f"{log.prefix}first/{stage}", 1)
+
+
+def formation(store: Any, prefix: str) -> tuple[int, int]:
+    """How many workers of the round whose log is ``prefix`` began forming its first world, and how many formed it
+    (`mark_formation`).
+
+    Examples:
+        >>> import os, torch.distributed as dist
+        >>> store = dist.HashStore()
+        >>> os.environ["HYPERGRID_RUN_LOG"] = "L/"; mark_formation("forming", store)
+        >>> del os.environ["HYPERGRID_RUN_LOG"]
+        >>> formation(store, "L/"), formation(store, "M/")
+        ((1, 0), (0, 0))
+    """
+    raw = raw_store(store)
+    return int(raw.add(f"{prefix}first/forming", 0)), int(raw.add(f"{prefix}first/formed", 0))
 
 
 def pin_member() -> str:

@@ -24,11 +24,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
-from torch.distributed.rendezvous import rendezvous
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 
-from hypergrid.errors import BackendError, InvalidArgumentError, WorkerError, public
+from hypergrid.errors import BackendError, WorkerError, public
+from hypergrid.launch.envstore import env_store
 from hypergrid.launch.errorfile import record_uncaught_exceptions
+from hypergrid.launch.memberlog import job_log, mark_formation
 from hypergrid.launch.sockets import opened, snapshot, track
 from hypergrid.launch.spawned import FENCED, HOST, RETURNED, UNPICKLABLE, LauncherStreams, start_context, worker
 from hypergrid.launch.stacks import enable_stack_dumps, request_stack_dumps
@@ -36,7 +37,7 @@ from hypergrid.timing import Timing
 from hypergrid.validation import check_bool, check_choice, check_int, check_str, refuse
 from hypergrid.values import check_timeout, first_line
 
-__all__ = ["default_device", "init_from_env", "job_store", "spawn"]
+__all__ = ["default_device", "init_from_env", "spawn"]
 
 #: The most workers ``spawn`` starts: local processes on one host (a larger number is refused, not attempted).
 MAX_SPAWN = 1024
@@ -88,6 +89,10 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch
     workers, and the keys a killed worker group left (a guard round cut
     short) would otherwise meet the restarted group's identical rounds.
 
+    Under ``hypergrid.run`` it marks, in the round's log, when it begins forming the first world and when that
+    world formed: a death in between ends the round at once (docs/launcher.md, "A death before the first world
+    formed"); a formation that fails there waits for that end (`hypergrid.timing.Timing.stop_s`) before it raises.
+
     Under a torchelastic launcher (``TORCHELASTIC_ERROR_FILE`` set), an uncaught
     exception is also written to the worker's error file, as torch's ``@record``
     does, so ``hypergrid.run``'s summary names it (``record_uncaught_exceptions``).
@@ -105,55 +110,28 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch
     enable_stack_dumps()
     record_uncaught_exceptions()  # under a launcher, its summary can say what this rank raised
     chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if chosen == "nccl" and not torch.cuda.is_available():
+        raise BackendError("backend 'nccl' needs CUDA devices, and torch.cuda.is_available() is False")
+    store, rank, world_size = env_store(timeout)
+    mark_formation("forming", store)
     if chosen == "nccl":
-        if not torch.cuda.is_available():
-            raise BackendError("backend 'nccl' needs CUDA devices, and torch.cuda.is_available() is False")
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-        store, rank, world_size = _env_store(timeout)
         dist.init_process_group(
             "nccl", store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device
         )
+        mark_formation("formed", store)  # (under hypergrid.run: a death before every worker got here ends the round)
         return device
-    store, rank, world_size = _env_store(timeout)
     before = snapshot()
-    dist.init_process_group(chosen, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    try:
+        dist.init_process_group(chosen, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    except RuntimeError:  # (gloo: a member published its address and died before it connected)
+        if job_log(store) is not None:  # hypergrid.run ends the round (formation's death): let it, quietly
+            time.sleep(Timing.from_env().stop_s)
+        raise
     track(dist.group.WORLD, opened(before))  # severed if the world fails (a gloo abort)
+    mark_formation("formed", store)
     return torch.device("cpu")
-
-
-@public
-def job_store(timeout_s: float = 600.0) -> Any:
-    """The running job's store as its ranks' default group holds it, for a process that arrives later.
-
-    From the environment ``hypergrid.run`` and torchrun give a worker (``env://``: ``MASTER_ADDR``, ``MASTER_PORT``,
-    ``TORCHELASTIC_RESTART_COUNT``): a client of the job's TCPStore (never its host), under the prefixes torch and
-    `init_from_env` put the job's first default group's keys (``default_pg`` or its restart's, then the group's
-    name ``0/``). ``HyperCommGrid.arrive`` uses it by default.
-
-    Raises:
-        InvalidArgumentError: ``MASTER_ADDR`` or ``MASTER_PORT`` is not set (or not a port), or a bad ``timeout_s``.
-    """
-    timeout = datetime.timedelta(seconds=check_timeout(timeout_s, "timeout_s"))
-    host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-    if not host or not port.isdigit():
-        raise InvalidArgumentError(
-            f"job_store: MASTER_ADDR={host!r} and MASTER_PORT={port!r}; expected the job's store address (a host "
-            "and a port), as hypergrid.run and torchrun set them"
-        )
-    client = TCPStore(host, int(port), is_master=False, timeout=timeout)
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
-    prefix = "default_pg" if restart == "0" else f"default_pg/restart{restart}"
-    return PrefixStore("0/", PrefixStore(prefix, client))
-
-
-def _env_store(timeout: datetime.timedelta) -> tuple[Any, int, int]:
-    """torch's ``env://`` store, rank and world size; the default group's prefix, one per torchelastic restart."""
-    store, rank, world_size = next(rendezvous("env://", timeout=timeout))
-    store.set_timeout(timeout)
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
-    prefix = "default_pg" if restart == "0" else f"default_pg/restart{restart}"  # torch's own prefix at first
-    return PrefixStore(prefix, store), rank, world_size
 
 
 def _stop(processes: list[Any]) -> None:

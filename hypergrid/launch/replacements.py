@@ -20,10 +20,13 @@ from hypergrid.launch.memberlog import MEMBER_ENV, member_name
 from hypergrid.launch.outcomes import WorkerOutcome
 from hypergrid.timing import Timing
 
-__all__ = ["ARRIVAL_ENV", "Replacements"]
+__all__ = ["ARRIVAL_ENV", "REPLACING_ENV", "Replacements"]
 
 #: Set to ``1`` in a replacement's environment: the script joins the running job (``grid.arrive``).
 ARRIVAL_ENV = "HYPERGRID_ARRIVAL"
+#: Set in every worker's environment under ``--replace-dead`` (the most replacements per round): a rank a shrink
+#: retires may wait for replacements to come and grow the grid back (the elastic loop does).
+REPLACING_ENV = "HYPERGRID_REPLACE_DEAD"
 
 
 class Replacements:

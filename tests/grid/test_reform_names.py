@@ -26,3 +26,32 @@ def test_a_member_whose_init_failed_re_forms_the_world_with_the_others() -> None
     assert [result["counted"] for result in results[:2]] == [0, 0], results
     assert [result["sum"] for result in results] == [6.0, 6.0, 6.0], results
     assert len({result["name"] for result in results}) == 1, results
+
+
+def test_a_traceback_after_re_forming_the_world_has_one_rank_prefix(capsys: pytest.CaptureFixture[str]) -> None:
+    """torch wraps ``sys.excepthook`` in a ``[rank<N>]:`` prefix at every world it forms; after a re-formation a
+    traceback is prefixed once, with the new world's rank (issue 54: ``[rank3]: [rank4]:`` was seen)."""
+    import datetime
+    import sys
+
+    import torch.distributed as dist
+
+    from hypergrid.binding.reform import reform_world
+
+    plain = sys.excepthook
+    base = dist.HashStore()
+    try:
+        dist.init_process_group("gloo", store=dist.PrefixStore("first", base), rank=0, world_size=1)
+        for number in (1, 2):
+            reform_world(base, number, None, 0, 1, ("gloo", datetime.timedelta(seconds=30)), None, None)
+        try:
+            raise ValueError("after two re-formations")
+        except ValueError:
+            sys.excepthook(*sys.exc_info())
+        printed = capsys.readouterr().err
+        assert "[rank0]: ValueError: after two re-formations" in printed, printed
+        assert "[rank0]: [rank0]:" not in printed, printed
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        sys.excepthook = plain

@@ -109,6 +109,13 @@ def test_bad_arguments_are_refused(make: object, words: str) -> None:
     assert words in str(raised.value)
 
 
+def _holding_a_state() -> StepSnapshots:
+    """Snapshots that hold a state (an empty one, a set-up a death cut short, needs no family to restore nothing)."""
+    snapshots = StepSnapshots(torch.zeros(1))
+    snapshots.take(0)
+    return snapshots
+
+
 @pytest.mark.usefixtures("one_rank_world")
 @pytest.mark.parametrize(
     ("kwargs", "words"),
@@ -116,7 +123,7 @@ def test_bad_arguments_are_refused(make: object, words: str) -> None:
         ({"step": 1, "snapshots": StepSnapshots()}, "pass one"),
         ({"step": -1}, "step=-1"),
         ({"snapshots": "mine"}, "StepSnapshots"),
-        ({"snapshots": StepSnapshots(), "dim": "dp"}, "create_pg('dp')"),
+        ({"snapshots": _holding_a_state(), "dim": "dp"}, "create_pg('dp')"),
     ],
 )
 def test_shrink_refuses_a_bad_step_or_snapshots_before_anything_happens(kwargs: dict, words: str) -> None:

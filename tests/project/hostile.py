@@ -270,6 +270,10 @@ def entries() -> list[Entry]:
     }
     function("HyperCommGrid", lambda: HyperCommGrid, grid_kwargs)
     function("StepSnapshots", lambda: hypergrid.StepSnapshots, {"keep": 2})
+    loop_kwargs = {"shape": [2, -1], "dim_names": ["tp", "dp"], "steps": 3, "spares": 0, "replicas": None,
+                   "families": None, "policy": None, "keep": 2, "grid_options": None, "regrow": None,
+                   "on_change": None, "verbose": False}  # fmt: skip
+    function("ElasticLoop", lambda: hypergrid.ElasticLoop, loop_kwargs, skip={"on_change": {"lambda"}})
     function("GridLayout", lambda: GridLayout, {"shape": [2, 2], "dim_names": ["tp", "dp"], "rank_offset": 0})
     function("resolve_shape", lambda: hypergrid.layout.resolve_shape, {"shape": [1, -1], "world": 4, "rank_offset": 0})
     for call in ("copy_to", "reduce_from"):

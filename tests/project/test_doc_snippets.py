@@ -27,7 +27,9 @@ def test_the_elastic_page_opens_with_its_quick_start_run_under_the_launcher() ->
     text = (snippets.ROOT / "docs" / "elastic.md").read_text(encoding="utf-8")
     (quick,) = snippets.parse("docs/elastic.md", text)
     assert quick.line == text.splitlines().index("```python") + 1, "the quick start should be the page's first script"
-    assert quick.nproc > 1 and "spares=" in quick.source and "grid.shrink(" in quick.source
+    assert quick.nproc > 1 and "spares=" in quick.source and "hypergrid.ElasticLoop(" in quick.source
+    code = [line for line in quick.source.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert len(code) <= 50, f"the quick start has {len(code)} lines of code; issue 54 allows 50"
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ import re
 from tests import layering
 
 MOST = 10
-TABLE_PAGE = layering.ROOT / "docs" / "elastic.md"
-TABLE_HEADING = "## Timing constants"
+TABLE_PAGE = layering.ROOT / "docs" / "timing.md"
+TABLE_HEADING = "# Timing constants"
 TIMING_NAME = re.compile(r"^_?[A-Z][A-Z0-9_]*(_S|_SECONDS|_TIMEOUT|_INTERVAL|_WAITS|_TRIES|_PROBES)$")
 CONSTANT_NAME = re.compile(r"^_?[A-Z][A-Z0-9_]*$")
 TABLE_HOME = "timing"

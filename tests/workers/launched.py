@@ -12,6 +12,8 @@ Modes:
         survivors shrink twice and finish (both deaths accounted for, in the launcher's ranks).
     sleep: every rank waits (sleeps) until it is stopped; with ``--pids DIR`` each writes its pid
         to DIR/rank<R>.pid first.
+    unformed: in the round's first start, the launcher's rank 1 SIGKILLs itself before it forms the first world
+        (the others wait in it); then every rank all-reduces once and exits 0.
 """
 
 from __future__ import annotations
@@ -56,9 +58,13 @@ def twice(first_rank: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["outside", "die", "twice", "sleep"])
+    parser.add_argument("mode", choices=["outside", "die", "twice", "sleep", "unformed"])
     parser.add_argument("--pids", default="")
     args = parser.parse_args()
+    first_start = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if args.mode == "unformed" and first_start and os.environ["RANK"] == "1":
+        time.sleep(0.5)  # (the others begin forming the world)
+        os.kill(os.getpid(), signal.SIGKILL)
     hypergrid.init_from_env(timeout_s=60)
     rank = dist.get_rank()
     if args.mode == "outside":
@@ -68,9 +74,9 @@ def main() -> int:
         grid.all_reduce(value, "dp")  # ranks 4 and up are not in the grid: RankError
     elif args.mode == "twice":
         twice(rank)
-    elif args.mode == "die":
+    elif args.mode in ("die", "unformed"):
         dist.all_reduce(torch.ones(1))
-        if rank == 3:
+        if args.mode == "die" and rank == 3:
             os.kill(os.getpid(), signal.SIGKILL)
     else:
         sleep_forever(args.pids)

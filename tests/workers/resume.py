@@ -7,8 +7,15 @@ recipe); ``--kill`` makes one rank kill itself at a point of a step.
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
+import signal
+import threading
 from typing import Any
+
+import torch.distributed as dist
+
+from hypergrid import HyperCommGrid
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "elastic_tp_dp.py"
@@ -64,3 +71,31 @@ def check_trial(
     assert len(by_tp) == next(iter(survivors.values()))["shape"]["tp"], (context, by_tp)
     last = [seen["resumed"][-1] for seen in survivors.values() if seen["resumed"]]
     assert len(set(last)) <= 1, (context, survivors)  # the last shrink agreed one step for every survivor
+
+
+def train_dying_in_creation(flags: list[str], victim: int, delay_ms: float) -> dict[str, Any]:
+    """`train`, with rank ``victim`` SIGKILLed ``delay_ms`` ms after its loop begins creating the families (the
+    grid is built and this rank joined the world's roll calls: its death is a death, not a late start)."""
+    if dist.get_rank() == victim:
+        original = HyperCommGrid.create_pgs
+
+        def create_pgs(self: Any, *args: Any, **kwargs: Any) -> Any:
+            threading.Timer(delay_ms / 1000, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            return original(self, *args, **kwargs)
+
+        HyperCommGrid.create_pgs = create_pgs  # type: ignore[method-assign]  # (a spawned process of its own)
+    return train(flags)
+
+
+def train_dying_at_the_finish(flags: list[str], victim: int) -> dict[str, Any]:
+    """`train`, with rank ``victim`` SIGKILLed as its loop reaches the finish line (before the replica check: the
+    others wait for it there)."""
+    if dist.get_rank() == victim:
+        from hypergrid.loop import course
+
+        def dying(*args: Any) -> bool:
+            os.kill(os.getpid(), signal.SIGKILL)
+            return False
+
+        course.replicas_equal = dying  # type: ignore[assignment]  # (a spawned process of its own)
+    return train(flags)
