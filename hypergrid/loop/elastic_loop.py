@@ -11,6 +11,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from hypergrid.binding.cpplog import quiet_cpp_log
 from hypergrid.errors import GridSpecError, HyperGridError, InvalidArgumentError
 from hypergrid.grid import HyperCommGrid
 from hypergrid.launch.processes import init_from_env
@@ -208,6 +209,7 @@ class ElasticLoop:
         for name, value in (("setup", setup), ("step", step)):
             if not callable(value):
                 raise refuse("ElasticLoop.run", name, value, "a callable", InvalidArgumentError)
+        quiet_cpp_log()  # torch's C++ warnings about the failures the loop absorbs are noise (as under hypergrid.run)
         arriving = os.environ.get(ARRIVAL_ENV) == "1"
         owned = not arriving and not dist.is_initialized()
         if owned:
