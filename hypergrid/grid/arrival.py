@@ -25,7 +25,7 @@ from hypergrid.agreement.barrier import BarrierFailed
 from hypergrid.agreement.world import World
 from hypergrid.binding.alarm import Job
 from hypergrid.binding.facet import Facet
-from hypergrid.errors import DesyncError, FencedError, InvalidArgumentError, RankFailure
+from hypergrid.errors import DesyncError, FencedError, InvalidArgumentError, RankFailure, UnexpectedArgumentError
 from hypergrid.grid.elastic import check_resume, record
 from hypergrid.grid.intake import Intake, decode_families, origin_digest
 from hypergrid.grid.recovery import Recovery
@@ -37,7 +37,7 @@ from hypergrid.launch.memberlog import job_log, member_id
 from hypergrid.layout.shrink import ShrinkPlan, check_policy, check_replica_dim
 from hypergrid.timing import Timing
 from hypergrid.validation import check_bool, refuse
-from hypergrid.values import check_timeout
+from hypergrid.values import check_timeout, shown
 
 __all__ = ["Growth"]
 
@@ -50,7 +50,7 @@ class Growth(Facet):
 
     def grow(
         self,
-        *,
+        *positional: object,
         snapshots: StepSnapshots | None = None,
         step: int | None = None,
         dim: str = "dp",
@@ -76,7 +76,17 @@ class Growth(Facet):
             ... except InvalidArgumentError as error:
             ...     print(error)
             grow: policy must be one of ['drop', 'spares', 'spares_then_drop'], got 'bad'
+            >>> try:  # doctest: +ELLIPSIS
+            ...     HyperCommGrid([2], ["dp"]).grow(1)  # an UnexpectedArgumentError, a TypeError
+            ... except TypeError as error:
+            ...     print(error)
+            grow: takes keyword arguments only (snapshots=, step=, dim=, policy=, timeout_s=), got 1 positional: ...
         """
+        if positional:  # (keyword-only: a number would be read as a count of arrivals, which grow does not take)
+            raise UnexpectedArgumentError(
+                f"grow: takes keyword arguments only (snapshots=, step=, dim=, policy=, timeout_s=), got "
+                f"{len(positional)} positional: {shown(list(positional))}; it takes in every arrival that waits"
+            )
         self.layout._one_dim(dim)  # the arguments, refused here before torch.distributed is asked for
         check_replica_dim("grow", dim, self._core.root.replicas)
         check_policy(policy)
