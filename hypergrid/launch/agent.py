@@ -150,8 +150,7 @@ class MinHealthyAgent(LocalElasticAgent):
 
     def _join_ring(self, group: Any) -> None:
         """Watch the next agent of the round (`AgentRing`): its death is its workers' (they die with it)."""
-        health = self.health
-        assert health is not None
+        health = cast(HealthRound, self.health)  # (set by the round's start)
         ring = AgentRing(
             group.store,
             health.prefix,
@@ -215,8 +214,7 @@ class MinHealthyAgent(LocalElasticAgent):
 
     def _check(self) -> str:
         """``"running"``, ``"done"`` (every local worker exited) or ``"below"`` (the job fell below the minimum)."""
-        health = self.health
-        assert health is not None
+        health = cast(HealthRound, self.health)  # (set by the round's start)
         if health.below_minimum():
             return "below"
         below = False
@@ -233,6 +231,8 @@ class MinHealthyAgent(LocalElasticAgent):
                 self._failed(outcome, below, "a replacement, not counted against --min-healthy")
         if below:
             return "below"
+        if len(self.outcomes) == len(self._worker_group.workers) and self.replacements.running:  # (issue 54)
+            self.replacements.end_unjoined(MemberLog(self._client(), self.log).entries(), report)
         done = len(self.outcomes) == len(self._worker_group.workers) and not self.replacements.running
         return "done" if done else "running"
 
@@ -276,8 +276,7 @@ class MinHealthyAgent(LocalElasticAgent):
 
     def _judge(self, barrier: str) -> WorkerState:
         """Every worker of the job has exited: mark the deaths a shrink accounted for, and give the verdict."""
-        health = self.health
-        assert health is not None
+        health = cast(HealthRound, self.health)  # (set by the round's start)
         try:
             listed = health.shrunk() if barrier == "done" else self._read_accounted()
         except Exception as error:  # no store, no proof: every death counts as unaccounted

@@ -14,9 +14,10 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from hypergrid.launch.memberlog import MEMBER_ENV, member_name
+from hypergrid.launch.memberlog import MEMBER_ENV, Entry, arrival_members, member_name
 from hypergrid.launch.outcomes import WorkerOutcome
 from hypergrid.timing import Timing
 
@@ -91,3 +92,16 @@ class Replacements:
                 process.kill()
                 process.wait()
         return self.exits(stopped=True)
+
+    def end_unjoined(self, entries: Sequence[Entry], report: Callable[[str], None]) -> list[WorkerOutcome]:
+        """The round's workers have all exited: unless a replacement that joined the job (``arrived`` in the log's
+        ``entries``) still runs it, the job has ended, and the replacements still running never joined it (one is
+        still starting, or its script never calls ``arrive``): stop them, one ``report`` line each; their outcomes
+        (stopped: not failures)."""
+        joined = set(arrival_members(entries).values())
+        if any(member_name(rank, count) in joined for _, rank, count in self.running.values()):
+            return []
+        stopped = self.stop()
+        for outcome in stopped:
+            report(f"worker {outcome.name} never joined the job, which has ended: stopped it")
+        return stopped

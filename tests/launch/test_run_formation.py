@@ -7,12 +7,17 @@ never formed, so ``hypergrid.run`` ends the round at once with one line, and res
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
 import torch.distributed as dist
 
 from hypergrid.launch.health import UNFORMED, HealthRound
+from hypergrid.launch.memberlog import Entry
+from hypergrid.launch.replacements import Replacements
+from hypergrid.timing import Timing
 from tests.launch.test_run_launcher import ENDINGS, _finish, _start
 
 
@@ -81,3 +86,27 @@ def test_with_replace_dead_the_round_starts_again_and_succeeds() -> None:
     assert code == 0, err[-3000:]
     assert "restarting every worker (2 more such restarts allowed)" in err, err[-3000:]
     assert "succeeded: 3 of 3 workers finished" in err and "restarts used: 1" in err, err[-3000:]
+
+
+def test_a_replacement_that_never_joined_is_stopped_once_the_job_ended() -> None:
+    """Issue 54, item 4: the round's workers have all exited; a replacement still starting (or whose script never
+    calls ``arrive``) is stopped with one line, and is no failure; one that joined is left to run the job."""
+    replacements = Replacements(1, Timing())
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    replacements.started.append((3, 3, sleeper.pid))
+    replacements.running[sleeper.pid] = (sleeper, 3, 1)
+    said: list[str] = []
+    joined = [Entry(0, "arrived", {"arrival": 0, "member": "3.1"})]
+    assert replacements.end_unjoined(joined, said.append) == [] and sleeper.poll() is None  # it runs the job
+    (outcome,) = replacements.end_unjoined([], said.append)
+    assert outcome.stopped and not outcome.failed and sleeper.poll() is not None, outcome
+    assert said == ["worker rank 3 (replacement 1) never joined the job, which has ended: stopped it"]
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(120)
+def test_the_launcher_ends_when_a_replacement_never_joins() -> None:
+    flags = ["--standalone", "--nproc-per-node", "4", "--replace-dead"]
+    ((code, _, err),) = _finish(_start("hypergrid.run", flags, ["neverjoins"], ENDINGS), timeout_s=100)
+    assert "worker rank 3 (replacement 1) never joined the job, which has ended: stopped it" in err, err[-3000:]
+    assert code == 1 and "rank 3 died by signal SIGKILL and no shrink excluded it" in err, err[-3000:]

@@ -14,6 +14,7 @@ Modes:
         to DIR/rank<R>.pid first.
     unformed: in the round's first start, the launcher's rank 1 SIGKILLs itself before it forms the first world
         (the others wait in it); then every rank all-reduces once and exits 0.
+    neverjoins: as ``die``; under ``--replace-dead`` the replacement of rank 3 never joins (it sleeps).
 """
 
 from __future__ import annotations
@@ -58,9 +59,11 @@ def twice(first_rank: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["outside", "die", "twice", "sleep", "unformed"])
+    parser.add_argument("mode", choices=["outside", "die", "twice", "sleep", "unformed", "neverjoins"])
     parser.add_argument("--pids", default="")
     args = parser.parse_args()
+    if args.mode == "neverjoins" and os.environ.get("HYPERGRID_ARRIVAL") == "1":
+        sleep_forever("")  # a replacement whose script never calls grid.arrive
     first_start = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     if args.mode == "unformed" and first_start and os.environ["RANK"] == "1":
         time.sleep(0.5)  # (the others begin forming the world)
@@ -74,9 +77,9 @@ def main() -> int:
         grid.all_reduce(value, "dp")  # ranks 4 and up are not in the grid: RankError
     elif args.mode == "twice":
         twice(rank)
-    elif args.mode in ("die", "unformed"):
+    elif args.mode in ("die", "unformed", "neverjoins"):
         dist.all_reduce(torch.ones(1))
-        if args.mode == "die" and rank == 3:
+        if args.mode != "unformed" and rank == 3:
             os.kill(os.getpid(), signal.SIGKILL)
     else:
         sleep_forever(args.pids)
