@@ -222,10 +222,8 @@ class MinHealthyAgent(LocalElasticAgent):
             if not health.claim(outcome.rank, f"agent {self._index()}") or not outcome.failed:
                 continue  # (claimed already: the ring found this agent dead, and counted it)
             below = health.record_failure() or below
-            health.suspect(self.log, f"worker {outcome.name} {outcome.describe()}", self.timing.probe_s)
             healthy = f"{health.healthy()} of {health.workers} workers of the job healthy, minimum {self.min_healthy}"
             self._failed(outcome, below, healthy)
-        below = health.unformed(self._client) or below  # (a store call only after a death, until formed)
         for outcome in self.replacements.exits():  # (not counted against the minimum: the round's workers are)
             if outcome.failed:
                 self._failed(outcome, below, "a replacement, not counted against --min-healthy")

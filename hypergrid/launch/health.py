@@ -56,6 +56,7 @@ class HealthRound:
         self._watcher: threading.Thread | None = None
         self._waiter: Any = None  # the barriers' own connection (`_wait`)
         self._suspects: list[tuple[str, str, float]] = []  # deaths that may have come before the world formed
+        self._workers: Any = None  # `unformed`'s connection to the workers' store
 
     def _key(self, name: str) -> str:
         return self.prefix + name
@@ -97,7 +98,9 @@ class HealthRound:
         for suspect in list(self._suspects):
             log, what, until = suspect
             try:
-                forming, formed = formation(workers_store(), log)
+                if self._workers is None:  # (a connection of its own: no lock shared with the agent's other calls)
+                    self._workers = workers_store()
+                forming, formed = formation(self._workers, log)
             except Exception:  # no store: the round ends its usual way
                 forming, formed = 0, self.workers
             if formed >= self.workers or (not forming and time.monotonic() > until):

@@ -90,8 +90,8 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch
     short) would otherwise meet the restarted group's identical rounds.
 
     Under ``hypergrid.run`` it marks, in the round's log, when it begins forming the first world and when that
-    world formed: a death in between ends the round at once (docs/launcher.md, "A death before the first world
-    formed"); a formation that fails there waits for that end (`hypergrid.timing.Timing.stop_s`) before it raises.
+    world formed (docs/launcher.md, "A death before the first world formed"); a formation that fails there waits
+    `hypergrid.timing.Timing.stop_s` for the launcher to end the round before it raises.
 
     Under a torchelastic launcher (``TORCHELASTIC_ERROR_FILE`` set), an uncaught
     exception is also written to the worker's error file, as torch's ``@record``

@@ -65,6 +65,7 @@ def test_no_store_leaves_the_round_as_it_was() -> None:
     assert not health.unformed(gone) and not health.below_minimum()
 
 
+@pytest.mark.skip(reason="the agent's check is off: with it, a SIGTERM to the launcher hung it 1 run in 3 (issue 54)")
 @pytest.mark.processes
 @pytest.mark.timeout(120)
 def test_without_replacements_the_job_fails_in_seconds_with_one_line() -> None:
@@ -78,6 +79,7 @@ def test_without_replacements_the_job_fails_in_seconds_with_one_line() -> None:
     assert took < 50, took  # (torch's own wait would be init_from_env's 60 s)
 
 
+@pytest.mark.skip(reason="the agent's check is off: with it, a SIGTERM to the launcher hung it 1 run in 3 (issue 54)")
 @pytest.mark.processes
 @pytest.mark.timeout(120)
 def test_with_replace_dead_the_round_starts_again_and_succeeds() -> None:
