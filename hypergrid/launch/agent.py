@@ -26,7 +26,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from hypergrid.launch.answerer import NodeAnswerer, NodeWatchFactory
 from hypergrid.launch.errorfile import raised
-from hypergrid.launch.health import UNFORMED, HealthRound
+from hypergrid.launch.health import HealthRound
 from hypergrid.launch.memberlog import (
     LOG_ENV,
     MemberLog,
@@ -104,7 +104,7 @@ class MinHealthyAgent(LocalElasticAgent):
         )
         self.min_healthy, self.exit_barrier_timeout_s = min_healthy, exit_barrier_timeout_s
         self.outcomes: dict[int, WorkerOutcome] = {}  # global rank -> how it ended (this round)
-        self.restarts_used, self.formation_retries = 0, 0  # (rounds restarted: a death before the world formed)
+        self.restarts_used = 0
         self.job_failed = self.job_workers = 0  # the last round's job-wide failed workers, as last read; its workers
         self.health: HealthRound | None = None
         self.ring: AgentRing | None = None  # this round's watch of the next agent (several nodes only)
@@ -347,16 +347,10 @@ class MinHealthyAgent(LocalElasticAgent):
                 if barrier != "verdict":
                     return self._result(self._judge(barrier))
             below = f"the job fell below --min-healthy {self.min_healthy} ({health.verdict})"
-            if UNFORMED in health.verdict:  # (nothing trained yet: --replace-dead restarts the round)
-                below = f"{health.verdict}; nothing can shrink a world that never formed"
-            unformed = UNFORMED in below and self.formation_retries < self.replace_dead
-            if unformed or self._remaining_restarts + self.formation_retries > 0:
-                self.formation_retries += unformed
-                self._remaining_restarts -= 1  # (torch numbers the restart from it: TORCHELASTIC_RESTART_COUNT)
+            if self._remaining_restarts > 0:
+                self._remaining_restarts -= 1
                 self.restarts_used += 1
-                left = f"{self._remaining_restarts + self.formation_retries} restart(s) left after this"
-                left = f"{self.replace_dead - self.formation_retries} more such restarts allowed" if unformed else left
-                report(f"{below}: restarting every worker ({left})")
+                report(f"{below}: restarting every worker ({self._remaining_restarts} restart(s) left after this)")
                 self._leave_ring()  # (before the next rendezvous: the workers this ring watched are stopped)
                 self.replacements.stop()
                 self._restart_workers(self._worker_group)
