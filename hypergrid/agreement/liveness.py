@@ -365,11 +365,12 @@ def record_member(store: Any, world: int, rank: int, joined: bool, dead: int = 0
     return count
 
 
-def left_behind(store: Any, world: int, rank: int, joined: bool) -> bool:
+def left_behind(store: Any, world: int, rank: int, joined: Callable[[], bool]) -> bool:
     """Whether world ``world`` went on without ``rank``: its end's record names it (`ended_key`), or its watch is
-    gone although the rank ``joined`` it and never left (`members_key`: deleted once the world ended, or once every
+    gone although the rank is in it (``joined()``, asked before and after the check: a rank whose own leave deleted
+    the watch meanwhile is not behind) and never left (`members_key`: deleted once the world ended, or once every
     live member left, so it was named dead). One read, one check."""
-    return rank in ended_ranks(store, world) or (joined and not store.check([members_key(world)]))
+    return rank in ended_ranks(store, world) or (joined() and not store.check([members_key(world)]) and joined())
 
 
 def ended_ranks(store: Any, world: int) -> set[int]:

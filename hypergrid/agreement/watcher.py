@@ -257,7 +257,7 @@ class Watcher:
         member left; this rank never left, so it was named dead). It fences it then. One read, one check."""
         if self.end_dead is not None:  # it read the world's end: it knows whether the end left it behind
             return self.fenced
-        if not left_behind(store, self.world, self.rank, self.joined):
+        if not left_behind(store, self.world, self.rank, lambda: self.joined):
             return False
         self._fence(f"world {self.world} ended without this rank (the others shrank while it was stopped or cut off)")
         return True

@@ -21,6 +21,7 @@ Examples:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import multiprocessing.util
 import sys
@@ -307,7 +308,8 @@ class World:
             elif leave:
                 watcher.leave()
                 if self.spares and self.rank < self.size - self.spares:  # (its leave is in the watch's list now)
-                    diagnosis.read(self.calls, call_key(self.number))  # wakes the spares' wait: who is left
+                    with contextlib.suppress(RuntimeError):  # (the store is gone: so is their wait)
+                        diagnosis.read(self.calls, call_key(self.number))  # wakes the spares' wait: who is left
                 if self.rank == 0:  # its arrivals' wake key goes with it (a successor's, written since, stays)
                     Arrivals(self.calls.connection()).unpublish_world(self.number, self.size)
                 if sockets.hosts(self.base_store):  # its store dies with this process: not under the others

@@ -17,7 +17,7 @@ import pytest
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from hypergrid.agreement import diagnosis
-from hypergrid.agreement.liveness import CLOSING, record_member, world_keys
+from hypergrid.agreement.liveness import CLOSING, left_behind, record_member, world_keys
 from hypergrid.agreement.rollkeys import member_status, members_key
 
 TIMEOUT = datetime.timedelta(seconds=60)
@@ -116,3 +116,42 @@ def test_dead_members_never_leave_so_the_last_live_leaver_counts_them(server: An
     assert left(server, world) != []
     assert record_member(client(server), world, 1, joined=False, dead=1) == 1
     assert left(server, world) == []
+
+
+class _LeavesDuringCheck:
+    """A connection whose first ``check`` runs ``leave()`` first: this rank's own leave (on its main thread) lands
+    between its watcher's read of ``joined`` and the store's answer."""
+
+    def __init__(self, store: Any, leave: Any) -> None:
+        self.store, self.leave = store, leave
+
+    def check(self, keys: list[str]) -> bool:
+        if self.leave is not None:
+            self.leave, leave = None, self.leave
+            leave()
+        return bool(self.store.check(keys))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_a_rank_whose_own_leave_deletes_the_watch_during_its_check_is_not_left_behind(server: Any) -> None:
+    """The last rank of a world leaves (its leave deletes the watch's keys) while its watcher, woken by another
+    rank's close, asks whether it was left behind: it must not be (before, the watcher read ``joined`` once, found
+    the watch gone and fenced its own live rank, severing its connections under a peer still reading the last
+    collective: gloo's "Connection closed by peer" on that peer, 1 run in about 20 of the toolkit's 8-rank test)."""
+    world, rank = 105, 0
+    record_member(client(server), world, rank, joined=True)
+    state = {"joined": True}
+
+    def leave() -> None:  # what `Watcher.leave` does: not joined from now on, then the leave (it deletes the watch)
+        state["joined"] = False
+        record_member(client(server), world, rank, joined=False)
+
+    racing = _LeavesDuringCheck(client(server), leave)
+    assert not left_behind(racing, world, rank, lambda: state["joined"])
+    assert left(server, world) == []  # the leave did delete the watch: the check met it
+    record_member(client(server), world, rank, joined=True)  # a rank still in a world whose watch went: behind
+    server.delete_key(members_key(world))
+    assert left_behind(client(server), world, rank, lambda: True)
+    assert not left_behind(client(server), world, rank, lambda: False)  # (a rank never in it is only late)
