@@ -29,7 +29,7 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, 
 from hypergrid.errors import BackendError, WorkerError, public
 from hypergrid.launch.envstore import env_store
 from hypergrid.launch.errorfile import record_uncaught_exceptions
-from hypergrid.launch.memberlog import job_log, mark_formation
+from hypergrid.launch.memberlog import mark_formation
 from hypergrid.launch.sockets import opened, snapshot, track
 from hypergrid.launch.spawned import FENCED, HOST, RETURNED, UNPICKLABLE, LauncherStreams, start_context, worker
 from hypergrid.launch.stacks import enable_stack_dumps, request_stack_dumps
@@ -90,8 +90,7 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch
     short) would otherwise meet the restarted group's identical rounds.
 
     Under ``hypergrid.run`` it marks, in the round's log, when it begins forming the first world and when that
-    world formed (docs/launcher.md, "A death before the first world formed"); a formation that fails there waits
-    `hypergrid.timing.Timing.stop_s` for the launcher to end the round before it raises.
+    world formed (docs/launcher.md, "A death before the first world formed").
 
     Under a torchelastic launcher (``TORCHELASTIC_ERROR_FILE`` set), an uncaught
     exception is also written to the worker's error file, as torch's ``@record``
@@ -123,12 +122,7 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> torch
         mark_formation("formed", store)  # (under hypergrid.run: a death before every worker got here ends the round)
         return device
     before = snapshot()
-    try:
-        dist.init_process_group(chosen, store=store, rank=rank, world_size=world_size, timeout=timeout)
-    except RuntimeError:  # (gloo: a member published its address and died before it connected)
-        if job_log(store) is not None:  # hypergrid.run ends the round (formation's death): let it, quietly
-            time.sleep(Timing.from_env().stop_s)
-        raise
+    dist.init_process_group(chosen, store=store, rank=rank, world_size=world_size, timeout=timeout)
     track(dist.group.WORLD, opened(before))  # severed if the world fails (a gloo abort)
     mark_formation("formed", store)
     return torch.device("cpu")
