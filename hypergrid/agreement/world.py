@@ -21,7 +21,6 @@ Examples:
 from __future__ import annotations
 
 import atexit
-import contextlib
 import gc
 import multiprocessing.util
 import sys
@@ -38,7 +37,6 @@ from hypergrid.agreement import diagnosis
 from hypergrid.agreement.arrivals import Arrivals
 from hypergrid.agreement.connections import CallStore, Within
 from hypergrid.agreement.liveness import done_key, members_key
-from hypergrid.agreement.membership import call_key
 from hypergrid.agreement.relay import Relay
 from hypergrid.agreement.rollkeys import member_status
 from hypergrid.agreement.watcher import Verdict, Watcher, watching_enabled
@@ -109,9 +107,6 @@ class World:
         self.guard_last_commits: dict[str, str] = {}  # the guard: scope family -> its last passed commit's prefix
         self.local_names: dict[tuple[tuple[int, ...], int], str] = {}  # creation: members-only groups' names
         self.reforming = False  # a shrink tears its default group down: that does not close it
-        #: The last ``spares`` ranks wait in ``standby`` (a grid's spares, not released yet): a grid rank's leave
-        #: wakes their wait, and they end once no grid rank is left (``HyperCommGrid.standby``).
-        self.spares = 0
         self._group = None if group is None else weakref.ref(group)
         self._holders: weakref.WeakSet[Any] = weakref.WeakSet()
         self._joined = False
@@ -307,9 +302,6 @@ class World:
                 watcher.join(self.timing.stop_s)  # the call woke it: it ends on its own
             elif leave:
                 watcher.leave()
-                if self.spares and self.rank < self.size - self.spares:  # (its leave is in the watch's list now)
-                    with contextlib.suppress(RuntimeError):  # (the store is gone: so is their wait)
-                        diagnosis.read(self.calls, call_key(self.number))  # wakes the spares' wait: who is left
                 if self.rank == 0:  # its arrivals' wake key goes with it (a successor's, written since, stays)
                     Arrivals(self.calls.connection()).unpublish_world(self.number, self.size)
                 if sockets.hosts(self.base_store):  # its store dies with this process: not under the others

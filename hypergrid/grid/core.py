@@ -128,7 +128,6 @@ class GridCore:
         if held is not None:
             held.release(self.root, close=False)
         self.registry.world = world
-        world.spares = 0 if self.registry.spares_released else int(getattr(self.grid, "spares", 0))  # (leaves wake)
         world.hold(self.root, join)
         self.failures_seen = world.job.guard_failures
 

@@ -6,13 +6,16 @@ lists its steps). See docs/elastic.md.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch.distributed as dist
 
+from hypergrid.agreement import diagnosis
 from hypergrid.agreement.arrivals import Arrivals
-from hypergrid.agreement.membership import Proposal, call_key, release_key
+from hypergrid.agreement.membership import Proposal, call_key, release_key, wait_for_call
+from hypergrid.agreement.world import World
 from hypergrid.binding.facet import Facet, require_initialized
 from hypergrid.binding.failures import abort_groups
 from hypergrid.binding.registry import SCOPE_SEPARATOR, PgKey, untagged
@@ -22,7 +25,6 @@ from hypergrid.grid.intake import Intake
 from hypergrid.grid.recovery import Recovery, families_digest
 from hypergrid.grid.regrid import Regrid
 from hypergrid.grid.snapshots import MAX_STEP, StepSnapshots
-from hypergrid.grid.sparewait import wait_as_spare
 from hypergrid.grid.succession import Recreation
 from hypergrid.launch.memberlog import job_log, record_world
 from hypergrid.layout import KEY_SEPARATOR, MAX_WORLD_SIZE, Dims
@@ -75,6 +77,13 @@ def _parse(key: PgKey) -> tuple[str | None, tuple[str, ...], str | None, str | N
         view, names = family[0], tuple(family[1])
     last, _, half = names[-1].partition(SCOPE_SEPARATOR)
     return view, (*names[:-1], last), tag, half.partition("=")[0] or None
+
+
+def _left_behind(world: World) -> None:
+    """A spare's wait woke without a call: ``FencedError`` if the others went on without it (it was stopped)."""
+    if world.watcher is not None:
+        world.watcher.excluded()
+    world.alarm.check_fence("standby")
 
 
 def check_resume(root: Any, call: str, dim: str, step: object, snapshots: object) -> int | None:
@@ -336,8 +345,10 @@ class Elastic(Facet):
                     f"the world of {world.size}); only spares wait"
                 )
             store, number = world.base_store, world.number
+            wake = functools.partial(diagnosis.read, world.calls, call_key(number))  # a fence ends the wait
             with world.job.store_calls("standby"):  # the store's loss: StoreLostError, as on the grid's ranks
-                call = wait_as_spare(world, grid.spares)
+                with world.alarm.listening(wake, fence_only=True):
+                    call = wait_for_call(store, number, gone=functools.partial(_left_behind, world))
                 if not call.startswith(_SHRINK):
                     if store.add(release_key(number), 1) == grid.spares:
                         store.delete_key(release_key(number))
@@ -371,7 +382,6 @@ class Elastic(Facet):
         elif not dist.is_initialized():
             return
         world = self._core.world_for("release_spares")
-        world.spares = 0  # (released: this rank's leave need not wake them)
         if world.rank == 0:  # processes that arrived and wait (`arrive`): the job ends without them
             Arrivals(world.base_store).close()
         if self._core.grid.spares:

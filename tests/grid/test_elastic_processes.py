@@ -14,7 +14,6 @@ import pytest
 
 from hypergrid import HyperCommGrid, spawn
 from hypergrid.launch.processes import WorkerDeath
-from hypergrid.values import format_ranks
 from tests.workers import elastic
 
 pytestmark = pytest.mark.processes
@@ -127,24 +126,3 @@ def test_impossible_shrinks_fail_before_anything_is_torn_down() -> None:
 def test_released_spares_leave_standby() -> None:
     results = spawn(elastic.released_spare, 4, timeout_s=60)
     assert results == [{"sum": 3.0}] * 3 + [{"standby": None}]
-
-
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("how", ["left", "died", "mixed"])
-def test_a_spare_with_no_grid_rank_left_ends_with_one_error(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No grid rank is left to draft or release the spare (each left without ``release_spares``, died, or one of
-    each): its ``standby`` raises `RankFailure` naming them, within its probe's period and the roll call's bound,
-    instead of waiting forever (before: it waited until spawn's timeout)."""
-    monkeypatch.setenv("HYPERGRID_PROBE_S", "2")  # the first spare's roll calls (no agent here): every 2 s
-    results = spawn(elastic.abandoned_spare, 3, (how,), timeout_s=60, allow_deaths=True)
-    died = {"left": [], "died": [0, 1], "mixed": [1]}[how]
-    for rank in (0, 1):
-        assert isinstance(results[rank], WorkerDeath) if rank in died else results[rank] == {"sum": 2.0}, results
-    spare = results[2]
-    assert spare["error"].startswith("RankFailure: standby: no rank of the grid is left"), spare
-    assert spare["dead"] == died, spare
-    if died:
-        assert f"rank(s) {format_ranks(died)} died" in spare["error"], spare
-    if how != "died":
-        assert "rank(s) 0" in spare["error"] and "left without release_spares()" in spare["error"], spare
-    assert spare["seconds"] < 30.0, spare

@@ -223,28 +223,3 @@ def released_spare() -> dict[str, Any]:
     grid.release_spares()
     grid.release_spares()  # a second call changes nothing
     return {"sum": total.item()}
-
-
-def abandoned_spare(how: str) -> dict[str, Any]:
-    """dp=2 and one spare; the grid's ranks work, then none is left to release the spare: both return without
-    ``release_spares`` (``how="left"``), both SIGKILL themselves (``"died"``), or rank 0 returns and rank 1 is
-    killed (``"mixed"``). The spare's ``standby`` must end with its error: returned, with how long it waited."""
-    grid: Any = HyperCommGrid([2], ["dp"], spares=1, guard_timeout_s=30.0)
-    grid.create_pg("dp")
-    rank = dist.get_rank()
-    if rank == 2:
-        began = time.monotonic()
-        try:
-            return {"standby": grid.standby()}
-        except HyperGridError as error:
-            return {
-                "error": f"{type(error).__name__}: {error}",
-                "dead": getattr(error, "dead", None),
-                "seconds": time.monotonic() - began,
-            }
-    total = torch.ones(1)
-    grid.all_reduce(total, "dp")
-    time.sleep(0.5)  # (the spare is in its wait by now)
-    if how == "died" or (how == "mixed" and rank == 1):
-        os.kill(os.getpid(), 9)
-    return {"sum": total.item()}
